@@ -1,0 +1,58 @@
+package driver
+
+import "context"
+
+// Source opens snapshots for diffing. The rbd package implements it on top
+// of librbd; tests use a fake. It is all the driver knows about Ceph.
+//
+// Errors returned by a Source (from Open, Iterate or Close) are classified
+// with errors.Is against these standard sentinels, so that the Source needs
+// to import neither this package nor gRPC:
+//
+//	fs.ErrNotExist          NOT_FOUND: cluster, pool, namespace, image or snapshot unknown
+//	fs.ErrInvalid           INVALID_ARGUMENT: malformed ID, base not older than target,
+//	                        snapshots of different volumes, secrets missing
+//	fs.ErrPermission        PERMISSION_DENIED: the Ceph user was refused
+//	errors.ErrUnsupported   FAILED_PRECONDITION: the cluster cannot answer this
+//	                        (librbd too old, clone flattened: a full backup is needed)
+//	os.ErrDeadlineExceeded  UNAVAILABLE: the cluster did not answer in time
+//
+// Context errors map to CANCELLED or DEADLINE_EXCEEDED; anything else is
+// INTERNAL. Error texts reach the client, so they must never contain secrets.
+type Source interface {
+	// Open resolves the snapshots of req and prepares one diff: the
+	// allocated extents of Target when Base is empty, otherwise the extents
+	// that changed from Base to Target. The caller must Close the Diff.
+	Open(ctx context.Context, req OpenRequest) (Diff, error)
+}
+
+// OpenRequest names the snapshots of one RPC.
+type OpenRequest struct {
+	// Base is the older snapshot's ID for a delta, empty for allocated.
+	Base string
+	// Target is the snapshot whose data is described.
+	Target string
+	// Secrets are the request's credentials (Ceph-CSI's userID and userKey).
+	Secrets map[string]string
+}
+
+// Diff is one prepared diff of an open snapshot pair.
+type Diff interface {
+	// Capacity is the size of the target snapshot in bytes, as the user
+	// of the volume sees it.
+	Capacity() int64
+	// Iterate runs the diff once, from offset to the end of the volume,
+	// calling fn for each extent in ascending order of Offset, without
+	// overlap. Extents lie within [offset, Capacity()). When fn returns an
+	// error, the diff stops at once and Iterate returns that error. Iterate
+	// also stops with ctx's error when ctx is done.
+	Iterate(ctx context.Context, offset int64, fn func(Extent) error) error
+	// Close releases the snapshot (open images, the cluster connection).
+	Close() error
+}
+
+// Extent is a byte range of a volume: [Offset, Offset+Length).
+type Extent struct {
+	Offset int64
+	Length int64
+}
