@@ -1,0 +1,71 @@
+// Package driver serves the CSI SnapshotMetadata and Identity services on
+// top of a Source of snapshot diffs.
+//
+// Each RPC runs exactly one diff of its Source, from the request's
+// starting_offset to the end of the volume, and streams the extents as they
+// arrive, in pages of at most max_results tuples (see pager). Sending a page
+// blocks until the client takes it, which holds the diff back: memory stays
+// at about one page, whatever the size of the volume. A stream ends with OK
+// only when every extent has been sent; a cancelled call, a failed send or
+// a failed diff stops the diff at once and ends the stream with an error.
+//
+// The package needs no cgo: Ceph is behind the Source interface, and the
+// tests use a fake.
+package driver
+
+import (
+	"fmt"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+)
+
+// Page sizes, in tuples. An encoded tuple takes at most 24 bytes, so a page
+// of maxPage tuples stays far below gRPC's 4 MiB default message limit,
+// whatever max_results asks for.
+const (
+	defaultPage = 16384
+	maxPage     = 65536
+)
+
+// Options configure a Driver.
+type Options struct {
+	// Name is the CSI driver name that Identity reports; it must equal the
+	// driver of the VolumeSnapshotContents (rbd.csi.ceph.com).
+	Name string
+	// Version is the vendor version that Identity reports.
+	Version string
+	// BlockMetadataType is the style of every stream: FIXED_LENGTH or
+	// VARIABLE_LENGTH.
+	BlockMetadataType csi.BlockMetadataType
+	// FixedBlockSize is the size of a FIXED_LENGTH tuple, in bytes.
+	FixedBlockSize int64
+	// Ready tells whether the driver can serve; Probe reports it. Nil means
+	// always ready.
+	Ready func() error
+}
+
+// Driver implements csi.IdentityServer and csi.SnapshotMetadataServer.
+type Driver struct {
+	csi.UnimplementedIdentityServer
+	csi.UnimplementedSnapshotMetadataServer
+
+	src  Source
+	opts Options
+}
+
+// New returns a Driver that serves the snapshots of src.
+func New(src Source, opts Options) (*Driver, error) {
+	switch opts.BlockMetadataType {
+	case csi.BlockMetadataType_VARIABLE_LENGTH:
+	case csi.BlockMetadataType_FIXED_LENGTH:
+		if opts.FixedBlockSize <= 0 {
+			return nil, fmt.Errorf("fixed block size must be positive, got %d", opts.FixedBlockSize)
+		}
+	default:
+		return nil, fmt.Errorf("unsupported block metadata type %v", opts.BlockMetadataType)
+	}
+	if opts.Name == "" {
+		return nil, fmt.Errorf("driver name is required")
+	}
+	return &Driver{src: src, opts: opts}, nil
+}

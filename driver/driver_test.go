@@ -1,0 +1,377 @@
+package driver_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"os"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
+	"google.golang.org/protobuf/testing/protocmp"
+
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/driver"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/driver/drivertest"
+)
+
+const mib = 1 << 20
+
+// serve starts d on an in-memory listener and returns a connected client.
+func serve(t testing.TB, d *driver.Driver, opts ...grpc.ServerOption) *grpc.ClientConn {
+	t.Helper()
+	lis := bufconn.Listen(1 << 20)
+	srv := grpc.NewServer(opts...)
+	csi.RegisterIdentityServer(srv, d)
+	csi.RegisterSnapshotMetadataServer(srv, d)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(lis) }()
+	conn, err := grpc.NewClient("passthrough:///bufconn",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		conn.Close()
+		srv.Stop()
+		<-done
+	})
+	return conn
+}
+
+func newDriver(t testing.TB, src driver.Source, typ csi.BlockMetadataType, block int64) *driver.Driver {
+	t.Helper()
+	d, err := driver.New(src, driver.Options{Name: "rbd.csi.ceph.com", Version: "test", BlockMetadataType: typ, FixedBlockSize: block})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// fixture has snapshots s1 and s2 of a 64 MiB volume, and snapshot
+// other of a 10 MiB volume.
+var (
+	s1Extents    = []driver.Extent{{Offset: 0, Length: 4096}, {Offset: mib, Length: 8192}, {Offset: mib + 8192, Length: 4096}, {Offset: 5 * mib, Length: mib}, {Offset: 63 * mib, Length: mib}}
+	s2Extents    = []driver.Extent{{Offset: 0, Length: 8192}, {Offset: mib, Length: 12288}, {Offset: 2 * mib, Length: 4096}, {Offset: 5 * mib, Length: mib}, {Offset: 40 * mib, Length: mib}, {Offset: 63 * mib, Length: mib}}
+	deltaExtents = []driver.Extent{{Offset: 4096, Length: 4096}, {Offset: 2*mib - 100, Length: 4196}, {Offset: 40 * mib, Length: mib}, {Offset: 40*mib + mib, Length: 4096}}
+)
+
+func fixture() *drivertest.Source {
+	src := drivertest.NewSource()
+	src.Add(&drivertest.Volume{
+		Capacity:  64 * mib,
+		Allocated: map[string][]driver.Extent{"s1": s1Extents, "s2": s2Extents},
+		Delta:     map[string][]driver.Extent{"s1>s2": deltaExtents},
+	})
+	src.Add(&drivertest.Volume{
+		Capacity:  10 * mib,
+		Allocated: map[string][]driver.Extent{"other": {{Offset: 0, Length: 10 * mib}}},
+	})
+	return src
+}
+
+// response is what both RPCs' messages have in common.
+type response interface {
+	GetBlockMetadataType() csi.BlockMetadataType
+	GetVolumeCapacityBytes() int64
+	GetBlockMetadata() []*csi.BlockMetadata
+}
+
+// result is a whole stream as a client saw it.
+type result struct {
+	pages  [][]*csi.BlockMetadata
+	types  map[csi.BlockMetadataType]bool
+	caps   map[int64]bool
+	tuples []driver.Extent
+}
+
+func recvAll[T response](recv func() (T, error)) (result, error) {
+	r := result{types: map[csi.BlockMetadataType]bool{}, caps: map[int64]bool{}}
+	for {
+		m, err := recv()
+		if err == io.EOF {
+			return r, nil
+		}
+		if err != nil {
+			return r, err
+		}
+		r.pages = append(r.pages, m.GetBlockMetadata())
+		r.types[m.GetBlockMetadataType()] = true
+		r.caps[m.GetVolumeCapacityBytes()] = true
+		for _, b := range m.GetBlockMetadata() {
+			r.tuples = append(r.tuples, driver.Extent{Offset: b.ByteOffset, Length: b.SizeBytes})
+		}
+	}
+}
+
+func allocated(t testing.TB, conn *grpc.ClientConn, req *csi.GetMetadataAllocatedRequest) (result, error) {
+	t.Helper()
+	s, err := csi.NewSnapshotMetadataClient(conn).GetMetadataAllocated(context.Background(), req)
+	if err != nil {
+		return result{}, err
+	}
+	return recvAll(s.Recv)
+}
+
+func delta(t testing.TB, conn *grpc.ClientConn, req *csi.GetMetadataDeltaRequest) (result, error) {
+	t.Helper()
+	s, err := csi.NewSnapshotMetadataClient(conn).GetMetadataDelta(context.Background(), req)
+	if err != nil {
+		return result{}, err
+	}
+	return recvAll(s.Recv)
+}
+
+var errMidStream = errors.New("osd went away")
+
+func TestErrorCodes(t *testing.T) {
+	secrets := map[string]string{"userID": "admin", "userKey": "AQ=="}
+	tests := []struct {
+		name     string
+		openErr  error
+		failAt   int // BeforeExtent fails at this extent; -1: never
+		failErr  error
+		alloc    *csi.GetMetadataAllocatedRequest
+		delta    *csi.GetMetadataDeltaRequest
+		wantCode codes.Code
+	}{
+		{name: "allocated ok", alloc: &csi.GetMetadataAllocatedRequest{SnapshotId: "s1"}, wantCode: codes.OK},
+		{name: "allocated no id", alloc: &csi.GetMetadataAllocatedRequest{}, wantCode: codes.InvalidArgument},
+		{name: "allocated negative max", alloc: &csi.GetMetadataAllocatedRequest{SnapshotId: "s1", MaxResults: -1}, wantCode: codes.InvalidArgument},
+		{name: "allocated negative offset", alloc: &csi.GetMetadataAllocatedRequest{SnapshotId: "s1", StartingOffset: -1}, wantCode: codes.OutOfRange},
+		{name: "allocated offset at capacity", alloc: &csi.GetMetadataAllocatedRequest{SnapshotId: "s1", StartingOffset: 64 * mib}, wantCode: codes.OK},
+		{name: "allocated offset beyond capacity", alloc: &csi.GetMetadataAllocatedRequest{SnapshotId: "s1", StartingOffset: 64*mib + 1}, wantCode: codes.OutOfRange},
+		{name: "allocated unknown", alloc: &csi.GetMetadataAllocatedRequest{SnapshotId: "nope"}, wantCode: codes.NotFound},
+		{name: "allocated huge max", alloc: &csi.GetMetadataAllocatedRequest{SnapshotId: "s1", MaxResults: 1<<31 - 1}, wantCode: codes.OK},
+		{name: "open invalid", openErr: fmt.Errorf("parse: %w", fs.ErrInvalid), alloc: &csi.GetMetadataAllocatedRequest{SnapshotId: "s1"}, wantCode: codes.InvalidArgument},
+		{name: "open permission", openErr: fmt.Errorf("connect: %w", fs.ErrPermission), alloc: &csi.GetMetadataAllocatedRequest{SnapshotId: "s1"}, wantCode: codes.PermissionDenied},
+		{name: "open unsupported", openErr: fmt.Errorf("flattened: %w", errors.ErrUnsupported), delta: &csi.GetMetadataDeltaRequest{BaseSnapshotId: "s1", TargetSnapshotId: "s2"}, wantCode: codes.FailedPrecondition},
+		{name: "open unavailable", openErr: fmt.Errorf("mon: %w", os.ErrDeadlineExceeded), alloc: &csi.GetMetadataAllocatedRequest{SnapshotId: "s1"}, wantCode: codes.Unavailable},
+		{name: "open other", openErr: errors.New("boom"), alloc: &csi.GetMetadataAllocatedRequest{SnapshotId: "s1"}, wantCode: codes.Internal},
+		{name: "allocated fails mid-stream", failAt: 3, failErr: errMidStream, alloc: &csi.GetMetadataAllocatedRequest{SnapshotId: "s1", MaxResults: 1}, wantCode: codes.Internal},
+		{name: "delta times out mid-stream", failAt: 3, failErr: fmt.Errorf("osd op: %w", os.ErrDeadlineExceeded), delta: &csi.GetMetadataDeltaRequest{BaseSnapshotId: "s1", TargetSnapshotId: "s2", MaxResults: 1}, wantCode: codes.Unavailable},
+		{name: "delta ok", delta: &csi.GetMetadataDeltaRequest{BaseSnapshotId: "s1", TargetSnapshotId: "s2"}, wantCode: codes.OK},
+		{name: "delta no base", delta: &csi.GetMetadataDeltaRequest{TargetSnapshotId: "s2"}, wantCode: codes.InvalidArgument},
+		{name: "delta no target", delta: &csi.GetMetadataDeltaRequest{BaseSnapshotId: "s1"}, wantCode: codes.InvalidArgument},
+		{name: "delta unknown base", delta: &csi.GetMetadataDeltaRequest{BaseSnapshotId: "nope", TargetSnapshotId: "s2"}, wantCode: codes.NotFound},
+		{name: "delta unknown target", delta: &csi.GetMetadataDeltaRequest{BaseSnapshotId: "s1", TargetSnapshotId: "nope"}, wantCode: codes.NotFound},
+		{name: "delta different volumes", delta: &csi.GetMetadataDeltaRequest{BaseSnapshotId: "other", TargetSnapshotId: "s2"}, wantCode: codes.InvalidArgument},
+		{name: "delta negative offset", delta: &csi.GetMetadataDeltaRequest{BaseSnapshotId: "s1", TargetSnapshotId: "s2", StartingOffset: -4096}, wantCode: codes.OutOfRange},
+		{name: "delta offset beyond", delta: &csi.GetMetadataDeltaRequest{BaseSnapshotId: "s1", TargetSnapshotId: "s2", StartingOffset: 1 << 40}, wantCode: codes.OutOfRange},
+		{name: "delta negative max", delta: &csi.GetMetadataDeltaRequest{BaseSnapshotId: "s1", TargetSnapshotId: "s2", MaxResults: -5}, wantCode: codes.InvalidArgument},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			src := fixture()
+			src.OpenErr = tt.openErr
+			if tt.failErr != nil {
+				src.BeforeExtent = func(_ context.Context, i int) error {
+					if i == tt.failAt {
+						return tt.failErr
+					}
+					return nil
+				}
+			}
+			conn := serve(t, newDriver(t, src, csi.BlockMetadataType_VARIABLE_LENGTH, 0))
+			var err error
+			if tt.alloc != nil {
+				tt.alloc.Secrets = secrets
+				_, err = allocated(t, conn, tt.alloc)
+			} else {
+				tt.delta.Secrets = secrets
+				_, err = delta(t, conn, tt.delta)
+			}
+			if got := status.Code(err); got != tt.wantCode {
+				t.Fatalf("code = %v (%v), want %v", got, err, tt.wantCode)
+			}
+			if err != nil && status.Convert(err).Message() == "" {
+				t.Errorf("status %v has no message", err)
+			}
+			waitClosed(t, src)
+		})
+	}
+}
+
+// waitClosed checks that every diff the source opened was closed. The
+// server closes it as its handler returns, which may be just after the
+// client saw the end of the stream.
+func waitClosed(t testing.TB, src *drivertest.Source) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for src.OpenDiffs() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d diffs left open", src.OpenDiffs())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func TestPaging(t *testing.T) {
+	types := []struct {
+		typ   csi.BlockMetadataType
+		block int64
+	}{
+		{csi.BlockMetadataType_VARIABLE_LENGTH, 0},
+		{csi.BlockMetadataType_FIXED_LENGTH, 4096},
+		{csi.BlockMetadataType_FIXED_LENGTH, 3000}, // a grid that ends past the capacity
+		{csi.BlockMetadataType_FIXED_LENGTH, mib},
+	}
+	for _, ty := range types {
+		conn := serve(t, newDriver(t, fixture(), ty.typ, ty.block))
+		fixed := ty.typ == csi.BlockMetadataType_FIXED_LENGTH
+		for _, max := range []int32{0, 1, 2, 3, 1000} {
+			for _, start := range []int64{0, 1, 4095, 4096, 8191, mib + 100, 2*mib - 50, 40*mib + mib + 4095, 63 * mib, 64*mib - 1, 64 * mib} {
+				name := fmt.Sprintf("%v/%d/max=%d/start=%d", ty.typ, ty.block, max, start)
+				pageSize := int(max)
+				if pageSize == 0 {
+					pageSize = 1 << 30
+				}
+				check := func(kind string, r result, err error, extents []driver.Extent) {
+					if err != nil {
+						t.Fatalf("%s %s: %v", name, kind, err)
+					}
+					got := driver.CheckPages(t, r.pages, pageSize, fixed, ty.block, start, 64*mib)
+					want := driver.Reference(fixed, ty.block, start, 64*mib, extents)
+					if diff := cmp.Diff(want, got); diff != "" {
+						t.Fatalf("%s %s: -want +got:\n%s", name, kind, diff)
+					}
+					if len(r.pages) > 0 && (len(r.types) != 1 || !r.types[ty.typ] || len(r.caps) != 1 || !r.caps[64*mib]) {
+						t.Fatalf("%s %s: types %v, capacities %v", name, kind, r.types, r.caps)
+					}
+				}
+				r, err := allocated(t, conn, &csi.GetMetadataAllocatedRequest{SnapshotId: "s2", StartingOffset: start, MaxResults: max})
+				check("allocated", r, err, s2Extents)
+				r, err = delta(t, conn, &csi.GetMetadataDeltaRequest{BaseSnapshotId: "s1", TargetSnapshotId: "s2", StartingOffset: start, MaxResults: max})
+				check("delta", r, err, deltaExtents)
+			}
+		}
+	}
+}
+
+// TestResume checks the spec's continuation rule: a client that resumes
+// from the byte after the last tuple it received gets, in all, exactly the
+// tuples of one uninterrupted stream.
+func TestResume(t *testing.T) {
+	for _, typ := range []csi.BlockMetadataType{csi.BlockMetadataType_VARIABLE_LENGTH, csi.BlockMetadataType_FIXED_LENGTH} {
+		conn := serve(t, newDriver(t, fixture(), typ, 4096))
+		full, err := allocated(t, conn, &csi.GetMetadataAllocatedRequest{SnapshotId: "s2"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []driver.Extent
+		next := int64(0)
+		for range len(full.tuples) + 1 {
+			r, err := allocated(t, conn, &csi.GetMetadataAllocatedRequest{SnapshotId: "s2", StartingOffset: next, MaxResults: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(r.tuples) == 0 {
+				break
+			}
+			got = append(got, r.tuples[0]) // the stream "breaks" after one tuple
+			next = r.tuples[0].Offset + r.tuples[0].Length
+		}
+		if diff := cmp.Diff(full.tuples, got); diff != "" {
+			t.Errorf("%v: resumed stream differs, -full +resumed:\n%s", typ, diff)
+		}
+	}
+}
+
+// TestCancel checks that a client's cancel stops the diff at once, closes
+// the snapshot, and that the handler does not end with OK.
+func TestCancel(t *testing.T) {
+	const n = 1000000
+	extents := make([]driver.Extent, n)
+	for i := range extents {
+		extents[i] = driver.Extent{Offset: int64(i) * 8192, Length: 4096}
+	}
+	src := drivertest.NewSource()
+	src.Add(&drivertest.Volume{Capacity: n * 8192, Allocated: map[string][]driver.Extent{"big": extents}})
+	var delivered atomic.Int64
+	src.BeforeExtent = func(ctx context.Context, i int) error {
+		delivered.Store(int64(i))
+		return nil
+	}
+	handlerErr := make(chan error, 1)
+	conn := serve(t, newDriver(t, src, csi.BlockMetadataType_VARIABLE_LENGTH, 0),
+		grpc.StreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+			err := h(srv, ss)
+			handlerErr <- err
+			return err
+		}))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s, err := csi.NewSnapshotMetadataClient(conn).GetMetadataAllocated(ctx, &csi.GetMetadataAllocatedRequest{SnapshotId: "big", MaxResults: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	select {
+	case err := <-handlerErr:
+		if status.Code(err) != codes.Canceled {
+			t.Errorf("handler ended with %v, want Canceled", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler did not stop after the cancel")
+	}
+	if d := delivered.Load(); d >= n-1 {
+		t.Errorf("the diff ran to the end (%d extents) after the cancel", d)
+	}
+	waitClosed(t, src)
+}
+
+func TestIdentity(t *testing.T) {
+	var notReady error
+	d, err := driver.New(fixture(), driver.Options{
+		Name: "rbd.csi.ceph.com", Version: "v9", BlockMetadataType: csi.BlockMetadataType_VARIABLE_LENGTH,
+		Ready: func() error { return notReady },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := csi.NewIdentityClient(serve(t, d))
+	ctx := context.Background()
+	info, err := id.GetPluginInfo(ctx, &csi.GetPluginInfoRequest{})
+	if err != nil || info.Name != "rbd.csi.ceph.com" || info.VendorVersion != "v9" {
+		t.Errorf("GetPluginInfo = %v, %v", info, err)
+	}
+	caps, err := id.GetPluginCapabilities(ctx, &csi.GetPluginCapabilitiesRequest{})
+	want := &csi.GetPluginCapabilitiesResponse{Capabilities: []*csi.PluginCapability{{Type: &csi.PluginCapability_Service_{
+		Service: &csi.PluginCapability_Service{Type: csi.PluginCapability_Service_SNAPSHOT_METADATA_SERVICE}}}}}
+	if diff := cmp.Diff(want, caps, protocmp.Transform()); err != nil || diff != "" {
+		t.Errorf("GetPluginCapabilities: %v, -want +got:\n%s", err, diff)
+	}
+	if p, err := id.Probe(ctx, &csi.ProbeRequest{}); err != nil || !p.GetReady().GetValue() {
+		t.Errorf("Probe = %v, %v, want ready", p, err)
+	}
+	notReady = errors.New("cluster config unreadable")
+	if _, err := id.Probe(ctx, &csi.ProbeRequest{}); status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("Probe when not ready: %v, want FailedPrecondition", err)
+	}
+}
+
+func TestNewRejectsBadOptions(t *testing.T) {
+	for _, o := range []driver.Options{
+		{Name: "x", BlockMetadataType: csi.BlockMetadataType_FIXED_LENGTH},
+		{Name: "x", BlockMetadataType: csi.BlockMetadataType_UNKNOWN},
+		{BlockMetadataType: csi.BlockMetadataType_VARIABLE_LENGTH},
+	} {
+		if _, err := driver.New(fixture(), o); err == nil {
+			t.Errorf("New(%+v) succeeded", o)
+		}
+	}
+}

@@ -1,0 +1,126 @@
+// Package drivertest has an in-memory driver.Source for tests of the
+// driver, the server and clients.
+package drivertest
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"sync"
+
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/driver"
+)
+
+var _ driver.Source = (*Source)(nil)
+
+// Volume is a volume's snapshots as the fake sees them.
+type Volume struct {
+	Capacity int64
+	// Allocated maps a snapshot ID to its allocated extents.
+	Allocated map[string][]driver.Extent
+	// Delta maps "base>target" to the changed extents.
+	Delta map[string][]driver.Extent
+}
+
+// Source serves fixed extents. Hooks let a test fail or stall a diff.
+type Source struct {
+	mu      sync.Mutex
+	volumes map[string]*Volume // by snapshot ID
+	open    int
+	opened  int
+
+	// OpenErr, when set, fails Open.
+	OpenErr error
+	// BeforeExtent, when set, runs before the i-th extent of a diff is
+	// delivered; an error from it fails the diff.
+	BeforeExtent func(ctx context.Context, i int) error
+}
+
+// NewSource returns an empty fake.
+func NewSource() *Source { return &Source{volumes: map[string]*Volume{}} }
+
+// Add makes the snapshots of v known by the IDs in v's maps.
+func (s *Source) Add(v *Volume) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id := range v.Allocated {
+		s.volumes[id] = v
+	}
+}
+
+// Open implements driver.Source.
+func (s *Source) Open(ctx context.Context, req driver.OpenRequest) (driver.Diff, error) {
+	if s.OpenErr != nil {
+		return nil, s.OpenErr
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, ok := s.volumes[req.Target]
+	if !ok {
+		return nil, fmt.Errorf("snapshot %q: %w", req.Target, fs.ErrNotExist)
+	}
+	ext := v.Allocated[req.Target]
+	if req.Base != "" {
+		if _, ok := s.volumes[req.Base]; !ok {
+			return nil, fmt.Errorf("snapshot %q: %w", req.Base, fs.ErrNotExist)
+		}
+		if ext, ok = v.Delta[req.Base+">"+req.Target]; !ok {
+			return nil, fmt.Errorf("no delta from %q to %q: %w", req.Base, req.Target, fs.ErrInvalid)
+		}
+	}
+	s.open++
+	s.opened++
+	return &diff{src: s, capacity: v.Capacity, extents: ext}, nil
+}
+
+// OpenDiffs counts the diffs opened and not yet closed.
+func (s *Source) OpenDiffs() int { s.mu.Lock(); defer s.mu.Unlock(); return s.open }
+
+// Opened counts the diffs ever opened.
+func (s *Source) Opened() int { s.mu.Lock(); defer s.mu.Unlock(); return s.opened }
+
+type diff struct {
+	src      *Source
+	capacity int64
+	extents  []driver.Extent
+	closed   bool
+}
+
+func (d *diff) Capacity() int64 { return d.capacity }
+
+// Iterate delivers the extents that end after offset, clipped to it, as
+// librbd does.
+func (d *diff) Iterate(ctx context.Context, offset int64, fn func(driver.Extent) error) error {
+	for i, e := range d.extents {
+		if e.Offset+e.Length <= offset {
+			continue
+		}
+		if e.Offset < offset {
+			e.Length -= offset - e.Offset
+			e.Offset = offset
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if h := d.src.BeforeExtent; h != nil {
+			if err := h(ctx, i); err != nil {
+				return err
+			}
+		}
+		if err := fn(e); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (d *diff) Close() error {
+	if d.closed {
+		return fmt.Errorf("diff closed twice")
+	}
+	d.closed = true
+	d.src.mu.Lock()
+	d.src.open--
+	d.src.mu.Unlock()
+	return nil
+}

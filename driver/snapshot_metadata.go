@@ -1,0 +1,105 @@
+package driver
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"k8s.io/klog/v2"
+)
+
+// GetMetadataAllocated streams the allocated extents of one snapshot.
+func (d *Driver) GetMetadataAllocated(req *csi.GetMetadataAllocatedRequest, stream csi.SnapshotMetadata_GetMetadataAllocatedServer) error {
+	if req.GetSnapshotId() == "" {
+		return status.Error(codes.InvalidArgument, msgNoSnapshotID)
+	}
+	open := OpenRequest{Target: req.GetSnapshotId(), Secrets: req.GetSecrets()}
+	return d.stream(stream.Context(), open, req.GetStartingOffset(), req.GetMaxResults(),
+		func(capacity int64, page []*csi.BlockMetadata) error {
+			return stream.Send(&csi.GetMetadataAllocatedResponse{
+				BlockMetadataType:   d.opts.BlockMetadataType,
+				VolumeCapacityBytes: capacity,
+				BlockMetadata:       page,
+			})
+		})
+}
+
+// GetMetadataDelta streams the extents that changed between two snapshots
+// of one volume.
+func (d *Driver) GetMetadataDelta(req *csi.GetMetadataDeltaRequest, stream csi.SnapshotMetadata_GetMetadataDeltaServer) error {
+	switch {
+	case req.GetBaseSnapshotId() == "":
+		return status.Error(codes.InvalidArgument, msgNoBaseID)
+	case req.GetTargetSnapshotId() == "":
+		return status.Error(codes.InvalidArgument, msgNoTargetID)
+	}
+	open := OpenRequest{Base: req.GetBaseSnapshotId(), Target: req.GetTargetSnapshotId(), Secrets: req.GetSecrets()}
+	return d.stream(stream.Context(), open, req.GetStartingOffset(), req.GetMaxResults(),
+		func(capacity int64, page []*csi.BlockMetadata) error {
+			return stream.Send(&csi.GetMetadataDeltaResponse{
+				BlockMetadataType:   d.opts.BlockMetadataType,
+				VolumeCapacityBytes: capacity,
+				BlockMetadata:       page,
+			})
+		})
+}
+
+// stream runs one diff and sends its pages; both RPCs end here. Every
+// error leaves through toStatus.
+func (d *Driver) stream(ctx context.Context, req OpenRequest, start int64, maxResults int32,
+	send func(capacity int64, page []*csi.BlockMetadata) error) (err error) {
+	if maxResults < 0 {
+		return status.Errorf(codes.InvalidArgument, msgNegativeMax, maxResults)
+	}
+	if start < 0 {
+		return status.Errorf(codes.OutOfRange, msgNegativeOffset, start)
+	}
+	pageSize := int(maxResults)
+	if pageSize == 0 {
+		pageSize = defaultPage
+	}
+	pageSize = min(pageSize, maxPage)
+
+	diff, err := d.src.Open(ctx, req)
+	if err != nil {
+		return toStatus(err)
+	}
+	defer func() {
+		if cerr := diff.Close(); cerr != nil && err == nil {
+			err = toStatus(fmt.Errorf("close snapshot: %w", cerr))
+		}
+	}()
+	capacity := diff.Capacity()
+	if start > capacity {
+		return status.Errorf(codes.OutOfRange, msgOffsetBeyondSize, start, capacity)
+	}
+
+	logger := klog.FromContext(ctx)
+	trace := logger.V(5)
+	p := newPager(d.opts.BlockMetadataType, d.opts.FixedBlockSize, start, capacity, pageSize,
+		func(page []*csi.BlockMetadata) error {
+			if trace.Enabled() {
+				trace.Info("Sending page", "tuples", len(page), "first", page[0].ByteOffset)
+			}
+			return send(capacity, page)
+		})
+	defer func() {
+		logger.V(2).Info("Stream finished", "capacity", capacity, "startingOffset", start,
+			"pages", p.pages, "tuples", p.tuples, "bytes", p.bytes, "err", err)
+	}()
+	if start == capacity {
+		return nil
+	}
+	if err := diff.Iterate(ctx, start, p.add); err != nil {
+		return toStatus(err)
+	}
+	// A diff that returned without error has delivered every extent, but
+	// a cancel that came in just then must not end the stream with OK
+	// unless the rest was sent.
+	if err := p.finish(); err != nil {
+		return toStatus(err)
+	}
+	return toStatus(ctx.Err())
+}

@@ -1,0 +1,59 @@
+package driver
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"os"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// The messages of the statuses that the driver itself decides. Errors of
+// the Source keep their own text, which names what was not found or what
+// was wrong.
+const (
+	msgNoSnapshotID     = "snapshot_id is required"
+	msgNoBaseID         = "base_snapshot_id is required"
+	msgNoTargetID       = "target_snapshot_id is required"
+	msgNegativeMax      = "max_results must not be negative, got %d"
+	msgNegativeOffset   = "starting_offset must not be negative, got %d"
+	msgOffsetBeyondSize = "starting_offset %d is beyond the volume's size of %d bytes"
+)
+
+var (
+	errBadExtent   = errors.New("snapshot source returned an invalid extent")
+	errExtentOrder = errors.New("snapshot source returned extents out of order")
+)
+
+// toStatus turns any error of an RPC into its gRPC status. It is the one
+// place where errors get their codes: the spec's codes for the spec's
+// conditions, the context's code for a cancelled or expired call, and
+// INTERNAL for the rest.
+func toStatus(err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	var code codes.Code
+	switch {
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return status.FromContextError(err).Err()
+	case errors.Is(err, fs.ErrNotExist):
+		code = codes.NotFound
+	case errors.Is(err, fs.ErrInvalid):
+		code = codes.InvalidArgument
+	case errors.Is(err, fs.ErrPermission):
+		code = codes.PermissionDenied
+	case errors.Is(err, errors.ErrUnsupported):
+		code = codes.FailedPrecondition
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		code = codes.Unavailable
+	default:
+		code = codes.Internal
+	}
+	return status.Error(code, err.Error())
+}
