@@ -1,0 +1,96 @@
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"runtime/debug"
+
+	"github.com/kubernetes-csi/csi-lib-utils/protosanitizer"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"k8s.io/klog/v2"
+)
+
+// snapshotIDs is what the requests of both SnapshotMetadata RPCs have, so
+// that every log line of a request can name its snapshots.
+type snapshotIDs interface {
+	GetSnapshotId() string
+}
+
+type deltaIDs interface {
+	GetBaseSnapshotId() string
+	GetTargetSnapshotId() string
+}
+
+// withLogger returns ctx with a logger that names the method, a fresh
+// request ID and, once the request is known, its snapshots.
+func withLogger(ctx context.Context, base klog.Logger, method string) (context.Context, klog.Logger) {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	l := klog.LoggerWithValues(base, "method", method, "requestID", hex.EncodeToString(b[:]))
+	return klog.NewContext(ctx, l), l
+}
+
+func withRequest(ctx context.Context, l klog.Logger, req any) (context.Context, klog.Logger) {
+	switch r := req.(type) {
+	case snapshotIDs:
+		l = klog.LoggerWithValues(l, "snapshotID", r.GetSnapshotId())
+	case deltaIDs:
+		l = klog.LoggerWithValues(l, "baseSnapshotID", r.GetBaseSnapshotId(), "targetSnapshotID", r.GetTargetSnapshotId())
+	}
+	// protosanitizer drops every field that CSI marks as secret.
+	l.V(4).Info("Request", "request", protosanitizer.StripSecrets(req))
+	return klog.NewContext(ctx, l), l
+}
+
+// recovered turns a panic of a handler into INTERNAL, so that one bad
+// request does not take the server and every other stream down.
+func recovered(l klog.Logger, err *error) {
+	if r := recover(); r != nil {
+		l.Error(nil, "Handler panicked", "panic", r, "stack", string(debug.Stack()))
+		*err = status.Error(codes.Internal, "internal error: the server hit a bug serving this request")
+	}
+}
+
+func unaryInterceptor(base klog.Logger) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (resp any, err error) {
+		ctx, l := withLogger(ctx, base, info.FullMethod)
+		ctx, l = withRequest(ctx, l, req)
+		defer recovered(l, &err)
+		resp, err = h(ctx, req)
+		if err != nil {
+			l.V(2).Info("RPC failed", "code", status.Code(err), "err", err)
+		}
+		return resp, err
+	}
+}
+
+func streamInterceptor(base klog.Logger) grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) (err error) {
+		ctx, l := withLogger(ss.Context(), base, info.FullMethod)
+		w := &loggedStream{ServerStream: ss, ctx: ctx, l: l}
+		defer recovered(l, &err)
+		return h(srv, w)
+	}
+}
+
+// loggedStream gives the handler a context with the request's logger. The
+// generated handler receives the request before it asks for the context,
+// so the logger can name the request's snapshots.
+type loggedStream struct {
+	grpc.ServerStream
+	ctx context.Context
+	l   klog.Logger
+}
+
+func (s *loggedStream) Context() context.Context { return s.ctx }
+
+func (s *loggedStream) RecvMsg(m any) error {
+	if err := s.ServerStream.RecvMsg(m); err != nil {
+		return err
+	}
+	s.ctx, s.l = withRequest(s.ctx, s.l, m)
+	return nil
+}

@@ -1,0 +1,78 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// listen opens the endpoint: unix:///path/to.sock (or unix:/path) or
+// tcp://host:port. A stale unix socket, one that nobody answers on, is
+// replaced; a live one is an error, so that two servers never share a
+// socket. The returned cleanup removes the socket file.
+func listen(endpoint string) (net.Listener, func(), error) {
+	u, err := url.Parse(endpoint)
+	if err != nil {
+		return nil, nil, fmt.Errorf("endpoint %q: %w", endpoint, err)
+	}
+	switch u.Scheme {
+	case "unix":
+		path := u.Path
+		if path == "" {
+			path = u.Opaque
+		}
+		if u.Host != "" || !filepath.IsAbs(path) {
+			return nil, nil, fmt.Errorf("endpoint %q: want unix:///absolute/path", endpoint)
+		}
+		if err := removeStale(path); err != nil {
+			return nil, nil, err
+		}
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			return nil, nil, fmt.Errorf("endpoint %q: %w", endpoint, err)
+		}
+		l, err := net.Listen("unix", path)
+		if err != nil {
+			return nil, nil, err
+		}
+		// The Listener removes the file when closed; this makes sure of it
+		// on every path.
+		return l, func() { _ = os.Remove(path) }, nil
+	case "tcp":
+		if u.Host == "" || strings.Trim(u.Path, "/") != "" {
+			return nil, nil, fmt.Errorf("endpoint %q: want tcp://host:port", endpoint)
+		}
+		l, err := net.Listen("tcp", u.Host)
+		return l, func() {}, err
+	default:
+		return nil, nil, fmt.Errorf("endpoint %q: scheme must be unix or tcp", endpoint)
+	}
+}
+
+// removeStale removes a socket file that no server answers on.
+func removeStale(path string) error {
+	fi, err := os.Lstat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if fi.Mode()&os.ModeSocket == 0 {
+		return fmt.Errorf("%s exists and is not a socket", path)
+	}
+	c, err := net.DialTimeout("unix", path, time.Second)
+	if err == nil {
+		c.Close()
+		return fmt.Errorf("%s: another server is listening on it", path)
+	}
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return os.Remove(path)
+}

@@ -1,0 +1,212 @@
+package server_test
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+	"k8s.io/klog/v2"
+	"k8s.io/klog/v2/textlogger"
+
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/driver"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/driver/drivertest"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/server"
+)
+
+const secretKey = "AQBsecretsecretsecretsecretsecretsecret=="
+
+// syncBuffer is a log sink that the server's goroutines can share.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// start runs a server on a socket in a temporary folder, logging at the
+// most verbose level into the returned buffer.
+func start(t *testing.T, src *drivertest.Source) (sock string, logs *syncBuffer, conn *grpc.ClientConn) {
+	t.Helper()
+	d, err := driver.New(src, driver.Options{Name: "rbd.csi.ceph.com", BlockMetadataType: csi.BlockMetadataType_VARIABLE_LENGTH})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock = filepath.Join(t.TempDir(), "csi.sock")
+	logs = &syncBuffer{}
+	logger := textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(logs), textlogger.Verbosity(10)))
+	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), logger))
+	ready := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- server.Run(ctx, server.Config{Endpoint: "unix://" + sock, Services: d, GracePeriod: time.Second, Ready: func() { close(ready) }})
+	}()
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatalf("Run: %v", err)
+	}
+	conn, err = grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		conn.Close()
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+		if _, err := os.Stat(sock); !os.IsNotExist(err) {
+			t.Errorf("socket left behind: %v", err)
+		}
+	})
+	return sock, logs, conn
+}
+
+func source() *drivertest.Source {
+	src := drivertest.NewSource()
+	src.Add(&drivertest.Volume{Capacity: 1 << 20, Allocated: map[string][]driver.Extent{"c1/rbd/img@s1": {{Offset: 0, Length: 4096}}}})
+	return src
+}
+
+func drain[T any](recv func() (T, error)) error {
+	for {
+		if _, err := recv(); err == io.EOF {
+			return nil
+		} else if err != nil {
+			return err
+		}
+	}
+}
+
+// TestSecretsNeverLogged runs requests that succeed and fail, at the most
+// verbose log level, and looks for the secret in everything logged.
+func TestSecretsNeverLogged(t *testing.T) {
+	_, logs, conn := start(t, source())
+	c := csi.NewSnapshotMetadataClient(conn)
+	secrets := map[string]string{"userID": "csi-user", "userKey": secretKey}
+	for _, id := range []string{"c1/rbd/img@s1", "c1/rbd/img@missing"} {
+		s, err := c.GetMetadataAllocated(context.Background(), &csi.GetMetadataAllocatedRequest{SnapshotId: id, Secrets: secrets})
+		if err == nil {
+			err = drain(s.Recv)
+		}
+		if id == "c1/rbd/img@s1" && err != nil {
+			t.Fatal(err)
+		}
+		if err != nil && strings.Contains(err.Error(), secretKey) {
+			t.Errorf("status carries the secret: %v", err)
+		}
+		s2, err := c.GetMetadataDelta(context.Background(), &csi.GetMetadataDeltaRequest{BaseSnapshotId: id, TargetSnapshotId: id, Secrets: secrets})
+		if err == nil {
+			_ = drain(s2.Recv)
+		}
+	}
+	out := logs.String()
+	if !strings.Contains(out, "c1/rbd/img@s1") || !strings.Contains(out, "Request") {
+		t.Fatalf("the requests were not logged; the test proves nothing:\n%s", out)
+	}
+	if strings.Contains(out, secretKey) {
+		t.Errorf("a secret reached the log:\n%s", out)
+	}
+}
+
+// TestPanicIsInternal checks that a handler's panic ends its RPC with
+// INTERNAL, and that the server goes on serving.
+func TestPanicIsInternal(t *testing.T) {
+	src := source()
+	var once sync.Once
+	src.BeforeExtent = func(context.Context, int) error {
+		once.Do(func() { panic("bug") })
+		return nil
+	}
+	_, logs, conn := start(t, src)
+	c := csi.NewSnapshotMetadataClient(conn)
+	req := &csi.GetMetadataAllocatedRequest{SnapshotId: "c1/rbd/img@s1"}
+	s, err := c.GetMetadataAllocated(context.Background(), req)
+	if err == nil {
+		err = drain(s.Recv)
+	}
+	if status.Code(err) != codes.Internal {
+		t.Fatalf("panicking handler: %v, want Internal", err)
+	}
+	s, err = c.GetMetadataAllocated(context.Background(), req)
+	if err == nil {
+		err = drain(s.Recv)
+	}
+	if err != nil {
+		t.Fatalf("after the panic: %v", err)
+	}
+	if !strings.Contains(logs.String(), "Handler panicked") {
+		t.Error("the panic was not logged")
+	}
+}
+
+func TestHealth(t *testing.T) {
+	_, _, conn := start(t, source())
+	r, err := healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{})
+	if err != nil || r.Status != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health = %v, %v", r, err)
+	}
+}
+
+func TestSocketReplacedWhenStaleRefusedWhenLive(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "csi.sock")
+	// A stale socket: bound, then its listener closed without unlinking.
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	l.Close()
+	d, _ := driver.New(source(), driver.Options{Name: "x", BlockMetadataType: csi.BlockMetadataType_VARIABLE_LENGTH})
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- server.Run(ctx, server.Config{Endpoint: "unix://" + sock, Services: d, Ready: func() { close(ready) }})
+	}()
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatalf("stale socket not replaced: %v", err)
+	}
+	// A second server on the live socket must refuse, and leave it alone.
+	if err := server.Run(context.Background(), server.Config{Endpoint: "unix://" + sock, Services: d}); err == nil || !strings.Contains(err.Error(), "another server") {
+		t.Errorf("second server on a live socket: %v", err)
+	}
+	if _, err := os.Stat(sock); err != nil {
+		t.Errorf("the live socket was removed: %v", err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{"unix://relative/x.sock", "http://x", "tcp://"} {
+		if err := server.Run(context.Background(), server.Config{Endpoint: bad, Services: d}); err == nil {
+			t.Errorf("endpoint %q accepted", bad)
+		}
+	}
+}
