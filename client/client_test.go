@@ -1,0 +1,173 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
+
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/client"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/driver"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/driver/drivertest"
+)
+
+// breaker fails the stream with code after every n-th message sent, to
+// play a connection that keeps breaking.
+type breaker struct {
+	n     int
+	code  codes.Code
+	calls atomic.Int64
+}
+
+type breakingStream struct {
+	grpc.ServerStream
+	b    *breaker
+	sent int
+}
+
+func (s *breakingStream) SendMsg(m any) error {
+	if s.sent == s.b.n {
+		return status.Error(s.b.code, "connection broke (test)")
+	}
+	s.sent++
+	return s.ServerStream.SendMsg(m)
+}
+
+func (b *breaker) intercept(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	b.calls.Add(1)
+	if b.n < 0 {
+		return h(srv, ss)
+	}
+	return h(srv, &breakingStream{ServerStream: ss, b: b})
+}
+
+func newClient(t *testing.T, typ csi.BlockMetadataType, b *breaker) *client.Client {
+	t.Helper()
+	src := drivertest.NewSource()
+	var ext []driver.Extent
+	for i := range int64(300) {
+		ext = append(ext, driver.Extent{Offset: i*3*4096 + i%7*512, Length: 4096 + i%3*4096})
+	}
+	src.Add(&drivertest.Volume{Capacity: 300 * 3 * 4096, Allocated: map[string][]driver.Extent{"s1": ext[:100], "s2": ext}, Delta: map[string][]driver.Extent{"s1>s2": ext[100:]}})
+	d, err := driver.New(src, driver.Options{Name: "x", BlockMetadataType: typ, FixedBlockSize: 8192})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis := bufconn.Listen(1 << 20)
+	srv := grpc.NewServer(grpc.StreamInterceptor(b.intercept))
+	csi.RegisterSnapshotMetadataServer(srv, d)
+	go func() { _ = srv.Serve(lis) }()
+	conn, err := grpc.NewClient("passthrough:///x", grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(); srv.Stop() })
+	c := client.New(conn)
+	c.NewBackOff = func() backoff.BackOff { return &backoff.ZeroBackOff{} }
+	return c
+}
+
+func collect(ctx context.Context, c *client.Client, req client.Request) ([]client.Extent, client.Progress, error) {
+	var got []client.Extent
+	p, err := c.Stream(ctx, req, func(p client.Page) error {
+		got = append(got, p.Extents...)
+		return nil
+	})
+	return got, p, err
+}
+
+// TestResumeEqualsUninterrupted breaks streams after every n-th page and
+// checks that the client still hands over exactly the uninterrupted stream.
+func TestResumeEqualsUninterrupted(t *testing.T) {
+	ctx := context.Background()
+	for _, typ := range []csi.BlockMetadataType{csi.BlockMetadataType_VARIABLE_LENGTH, csi.BlockMetadataType_FIXED_LENGTH} {
+		for _, req := range []client.Request{{Target: "s2"}, {Base: "s1", Target: "s2"}, {Target: "s2", StartingOffset: 5000}} {
+			req.MaxResults = 7
+			want, _, err := collect(ctx, newClient(t, typ, &breaker{n: -1}), req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, n := range []int{0, 1, 2, 5} {
+				for _, code := range []codes.Code{codes.Unavailable, codes.DeadlineExceeded} {
+					name := fmt.Sprintf("%v %+v break after %d with %v", typ, req, n, code)
+					b := &breaker{n: n, code: code}
+					c := newClient(t, typ, b)
+					c.MaxRetries = 3
+					got, p, err := collect(ctx, c, req)
+					if n == 0 {
+						// No progress at all: the retries run out.
+						if status.Code(errors.Unwrap(err)) != code || p.Extents != 0 {
+							t.Errorf("%s: %v, %+v; want giving up with %v", name, err, p, code)
+						}
+						continue
+					}
+					if err != nil {
+						t.Fatalf("%s: %v", name, err)
+					}
+					if diff := cmp.Diff(want, got); diff != "" {
+						t.Fatalf("%s: -uninterrupted +resumed:\n%s", name, diff)
+					}
+					if p.Retries == 0 || p.Extents != int64(len(want)) {
+						t.Errorf("%s: progress %+v", name, p)
+					}
+				}
+			}
+		}
+	}
+}
+
+func TestNonRetryableReturnsAtOnce(t *testing.T) {
+	for _, code := range []codes.Code{codes.InvalidArgument, codes.NotFound, codes.OutOfRange, codes.FailedPrecondition, codes.PermissionDenied, codes.Internal} {
+		b := &breaker{n: 1, code: code}
+		c := newClient(t, csi.BlockMetadataType_VARIABLE_LENGTH, b)
+		_, p, err := collect(context.Background(), c, client.Request{Target: "s2", MaxResults: 5})
+		if status.Code(err) != code || b.calls.Load() != 1 || p.Extents != 5 {
+			t.Errorf("%v: err %v after %d calls, progress %+v", code, err, b.calls.Load(), p)
+		}
+	}
+	c := newClient(t, csi.BlockMetadataType_VARIABLE_LENGTH, &breaker{n: -1})
+	if _, _, err := collect(context.Background(), c, client.Request{Target: "missing"}); status.Code(err) != codes.NotFound {
+		t.Errorf("missing snapshot: %v", err)
+	}
+}
+
+func TestCallerErrorStops(t *testing.T) {
+	b := &breaker{n: -1}
+	c := newClient(t, csi.BlockMetadataType_VARIABLE_LENGTH, b)
+	stop := errors.New("disk full")
+	pages := 0
+	p, err := c.Stream(context.Background(), client.Request{Target: "s2", MaxResults: 10}, func(client.Page) error {
+		pages++
+		if pages == 3 {
+			return stop
+		}
+		return nil
+	})
+	if !errors.Is(err, stop) || b.calls.Load() != 1 || p.Extents != 20 {
+		t.Errorf("err %v, calls %d, progress %+v", err, b.calls.Load(), p)
+	}
+}
+
+func TestContextEndsRetries(t *testing.T) {
+	c := newClient(t, csi.BlockMetadataType_VARIABLE_LENGTH, &breaker{n: 0, code: codes.Unavailable})
+	c.NewBackOff = func() backoff.BackOff { return backoff.NewConstantBackOff(time.Hour) }
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	_, _, err := collect(ctx, c, client.Request{Target: "s2"})
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("err %v, want the context's deadline", err)
+	}
+}
