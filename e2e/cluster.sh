@@ -1,0 +1,316 @@
+#!/bin/bash
+# A throwaway single-node Ceph reef cluster for tests and demos: 1 mon and 1
+# bluestore OSD (on a sparse file), cephx on, 127.0.0.1 only, pool "rbd"
+# (initialized, with RBD namespace "ns1"), clone format 2. The daemons run in
+# the rootfs of rootfs.sh; all state lives in DIR, which `start` wipes.
+#
+#   e2e/cluster.sh start|stop|kill|status DIR
+#
+# start   wipes DIR, starts the cluster (~4 s) and writes
+#         DIR/env              shell-sourceable CEPH_MON_HOST, CEPH_MON_V1,
+#                              CEPH_USER, CEPH_KEY, CEPH_CSI_USER, CEPH_CSI_KEY,
+#                              CEPH_CONF, RSM_CLUSTER_DIR
+#         DIR/csi-config.json  Ceph-CSI cluster config (clusterIDs rsm-e2e and
+#                              rsm-e2e-ns1, the latter with radosNamespace ns1)
+#         A failed start leaves no daemon behind.
+# stop    SIGTERM the OSD, then the mon (SIGKILL after 10 s); kill: SIGKILL both.
+#         Only the PIDs in DIR/run/*.pid are signalled.
+# status  the daemons, their RSS and `ceph health`; exit 1 unless all is up.
+#
+# Ports: RSM_CEPH_PORT_BASE=N uses N (mon v2), N+1 (mon v1) and N+10..N+99
+# (OSD); start refuses if N or N+1 is taken. Unset, the first free block among
+# 16500, 16600, ..., 17400 is used, so several clusters can run side by side.
+# DIR is bound at its own path inside the rootfs, so paths in DIR/env are valid
+# both on the host and inside. RSM_ROOTFS selects the rootfs. Needs root.
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+MARKER=.rsm-ceph-cluster   # marks DIR as ours, so that start may wipe it
+
+now() { date +%s.%N; }
+secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
+die() { echo "cluster: $*" >&2; exit 1; }
+
+# ---------------------------------------------------------------- host side --
+
+# alive PID: the process exists and is not a zombie (PID 1 here may be slow to
+# reap the daemons, which it inherited when they daemonized).
+alive() {
+  local st
+  st=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null) || return 1
+  [ -n "$st" ] && [ "${st:0:1}" != Z ]
+}
+
+# signal_wait SIG TIMEOUT PIDFILE...: signal the live daemons named by the pid
+# files, wait until they are gone, then SIGKILL what is left after TIMEOUT s.
+signal_wait() {
+  local sig=$1 timeout=$2 f p pids=() alive i
+  shift 2
+  for f in "$@"; do
+    [ -f "$f" ] || continue
+    p=$(cat "$f" 2>/dev/null || true)
+    # only a live ceph daemon: the pid may have been reused after a crash
+    if [[ $p =~ ^[0-9]+$ ]] && [[ $(cat "/proc/$p/comm" 2>/dev/null) == ceph-* ]] && alive "$p"; then
+      pids+=("$p"); STOPPED+=("$(basename "$f" .pid)[$p]")
+    fi
+  done
+  [ ${#pids[@]} -gt 0 ] || return 0
+  kill -"$sig" "${pids[@]}" 2>/dev/null || true
+  for ((i = 0; i < timeout * 20; i++)); do
+    alive=()
+    for p in "${pids[@]}"; do ! alive "$p" || alive+=("$p"); done
+    [ ${#alive[@]} -gt 0 ] || return 0
+    sleep 0.05
+  done
+  echo "cluster: SIGKILL ${alive[*]} after ${timeout}s" >&2
+  kill -KILL "${alive[@]}" 2>/dev/null || true
+  for ((i = 0; i < 100; i++)); do
+    alive=()
+    for p in "${pids[@]}"; do ! alive "$p" || alive+=("$p"); done
+    [ ${#alive[@]} -gt 0 ] || return 0
+    sleep 0.05
+  done
+}
+
+# stop_daemons TERM|KILL: the OSD first (it waits ~5 s for a mon that is
+# already gone), then the mon.
+stop_daemons() {
+  STOPPED=()
+  if [ "$1" = KILL ]; then
+    signal_wait KILL 5 "$DIR"/run/*.pid
+  else
+    signal_wait TERM 10 "$DIR"/run/ceph-osd.*.pid
+    signal_wait TERM 10 "$DIR"/run/*.pid
+  fi
+  rm -f "$DIR"/run/*.pid
+}
+
+port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+start() {
+  local t0 base lockdir rc=0
+  t0=$(now)
+  "$HERE/rootfs.sh"
+  [ -d "$DIR" ] && [ -n "$(ls -A "$DIR")" ] && [ ! -f "$DIR/$MARKER" ] &&
+    die "$DIR is not empty and not a cluster folder; refusing to wipe it"
+  mkdir -p "$DIR"
+  stop_daemons TERM
+  find "$DIR" -mindepth 1 -delete
+  touch "$DIR/$MARKER"
+  mkdir -p "$DIR/run" "$DIR/log"
+
+  # Pick the ports under a lock held until the mon listens, so that two
+  # concurrent starts do not take the same block.
+  lockdir=/run/lock; [ -d $lockdir ] || lockdir=/tmp
+  exec 9>"$lockdir/rsm-ceph-ports.lock"
+  flock -w 120 9 || die "timed out waiting for $lockdir/rsm-ceph-ports.lock"
+  if [ -n "${RSM_CEPH_PORT_BASE:-}" ]; then
+    base=$RSM_CEPH_PORT_BASE
+    if ! [[ $base =~ ^[0-9]+$ ]] || ((base < 1024 || base + 99 > 65535)); then
+      die "bad RSM_CEPH_PORT_BASE=$base"
+    fi
+    if ! port_free "$base" || ! port_free $((base + 1)); then
+      die "127.0.0.1:$base or :$((base + 1)) is in use (RSM_CEPH_PORT_BASE=$base)"
+    fi
+  else
+    for base in $(seq 16500 100 17400) none; do
+      [ "$base" = none ] || { port_free "$base" && port_free $((base + 1)) && break; }
+    done
+    [ "$base" != none ] || die "no free port block among 16500..17400 (set RSM_CEPH_PORT_BASE)"
+  fi
+
+  # The inside part releases fd 9 once the mon is up.
+  trap 'stop_daemons KILL; exit 130' INT TERM
+  timeout -k 5 120 "$HERE/in-rootfs.sh" -b "$DIR" -b "$HERE" \
+    bash "$HERE/cluster.sh" __start-inside "$DIR" "$base" </dev/null || rc=$?
+  exec 9>&-
+  trap - INT TERM
+  if [ $rc != 0 ]; then
+    stop_daemons KILL
+    rm -f "$DIR/env" "$DIR/csi-config.json"
+    tail -n 15 "$DIR/log/start.log" >&2 2>/dev/null || true
+    die "start failed (rc $rc); logs in $DIR/log"
+  fi
+  # shellcheck disable=SC1091
+  . "$DIR/log/start.times"
+  echo "cluster: started $DIR on 127.0.0.1:$base (v2)/$((base + 1)) (v1) in $(secs "$t0" "$(now)")s" \
+       "(mon up $(secs "$T0" "$T_MON")s, osd in $(secs "$T0" "$T_OSD")s, pool ready $(secs "$T0" "$T_POOL")s)"
+}
+
+stop() {
+  local t0 what=$1
+  t0=$(now)
+  [ -d "$DIR/run" ] || { echo "cluster: nothing running in $DIR"; return 0; }
+  stop_daemons "$what"
+  if [ ${#STOPPED[@]} -eq 0 ]; then
+    echo "cluster: nothing running in $DIR"
+  else
+    echo "cluster: $([ "$what" = KILL ] && echo killed || echo stopped) ${STOPPED[*]} in $DIR in $(secs "$t0" "$(now)")s"
+  fi
+}
+
+status() {
+  local f p n=0 up=0
+  for f in "$DIR"/run/*.pid; do
+    [ -f "$f" ] || continue
+    n=$((n + 1)); p=$(cat "$f")
+    if [[ $(cat "/proc/$p/comm" 2>/dev/null) == ceph-* ]] && alive "$p"; then
+      up=$((up + 1))
+      echo "$(basename "$f" .pid) pid $p rss $(awk '/^VmRSS/ { print $2 $3 }' "/proc/$p/status")"
+    else
+      echo "$(basename "$f" .pid) pid $p is gone"
+    fi
+  done
+  if [ $n = 0 ] || [ $up != $n ]; then echo "cluster: not running"; return 1; fi
+  "$HERE/in-rootfs.sh" -b "$DIR" env CEPH_CONF="$DIR/ceph.conf" \
+    ceph --connect-timeout 5 health detail
+}
+
+# -------------------------------------------------------------- inside part --
+
+start_inside() {
+  local base=$1 v2=$1 v1=$(($1 + 1)) fsid mon_addr C=$DIR
+  local osd_uuid osd_key osd_id mkfs_pid pool_pid conf=(--conf "$DIR/ceph.conf")
+  exec >>"$C/log/start.log" 2>&1
+  PS4='+ ${EPOCHREALTIME} '; set -x
+  T0=$(now)
+  fsid=$(cat /proc/sys/kernel/random/uuid)
+  mon_addr="[v2:127.0.0.1:$v2,v1:127.0.0.1:$v1]"
+  cat >"$C/ceph.conf" <<EOF
+[global]
+fsid = $fsid
+mon_host = $mon_addr
+public_addr = 127.0.0.1
+cluster_addr = 127.0.0.1
+ms_bind_ipv4 = true
+ms_bind_ipv6 = false
+ms_bind_port_min = $((base + 10))
+ms_bind_port_max = $((base + 99))
+auth_cluster_required = cephx
+auth_service_required = cephx
+auth_client_required = cephx
+auth_allow_insecure_global_id_reclaim = false
+mon_warn_on_insecure_global_id_reclaim_allowed = false
+run_dir = $C/run
+crash_dir = $C/crash
+exporter_sock_dir = $C/run
+mon_cluster_log_file = $C/log/ceph.log
+osd_pool_default_size = 1
+osd_pool_default_min_size = 1
+mon_allow_pool_size_one = true
+mon_warn_on_pool_no_redundancy = false
+mon_allow_pool_delete = true
+osd_crush_chooseleaf_type = 0
+osd_pool_default_pg_num = 8
+osd_pool_default_pgp_num = 8
+osd_pool_default_pg_autoscale_mode = off
+mon_osd_initial_require_min_compat_client = mimic
+rbd_default_clone_format = 2
+# the host disk may be quite full; at the default levels the mon shuts down
+mon_data_avail_warn = 2
+mon_data_avail_crit = 1
+# pool create plus rbd pool init: ~4 s at the default 1 s
+paxos_propose_interval = 0.1
+
+[client]
+keyring = $C/keyring
+
+[mon]
+mon_data = $C/mon/\$cluster-\$id
+keyring = $C/mon/\$cluster-\$id/keyring
+pid_file = $C/run/\$cluster-\$name.pid
+admin_socket = $C/run/\$cluster-\$name.asok
+log_file = $C/log/\$cluster-\$name.log
+
+[osd]
+osd_data = $C/osd/\$cluster-\$id
+keyring = $C/osd/\$cluster-\$id/keyring
+pid_file = $C/run/\$cluster-\$name.pid
+admin_socket = $C/run/\$cluster-\$name.asok
+log_file = $C/log/\$cluster-\$name.log
+osd_objectstore = bluestore
+# a sparse file outside the OSD folder (inside it, bluestore hits ELOOP)
+bluestore_block_path = $C/osd/\$cluster-\$id.block
+bluestore_block_size = 8589934592
+bluestore_block_create = true
+bluestore_block_db_create = false
+bluestore_block_wal_create = false
+bluestore_fsck_on_mkfs = false
+bluestore_fsck_on_mount = false
+# cap memory: the OSD otherwise grows to several GiB under heavy writes
+osd_memory_target = 939524096
+bluestore_cache_autotune = false
+bluestore_cache_size = 134217728
+osd_crush_update_on_start = true
+EOF
+  mkdir -p "$C/mon/ceph-a" "$C/osd/ceph-0" "$C/crash"
+
+  # The OSD's mkfs (~2 s) needs no mon: run it while the mon comes up.
+  osd_uuid=$(cat /proc/sys/kernel/random/uuid)
+  osd_key=$(ceph-authtool --gen-print-key)
+  ceph-authtool --create-keyring "$C/osd/ceph-0/keyring" -n osd.0 --add-key "$osd_key"
+  ceph-osd "${conf[@]}" -i 0 --mkfs --osd-uuid "$osd_uuid" --no-mon-config \
+    </dev/null >>"$C/log/osd-mkfs.out" 2>&1 9>&- &
+  mkfs_pid=$!
+
+  # Every key in the mon's mkfs keyring is imported: client.admin and the
+  # Ceph-CSI style client.csi.
+  ceph-authtool --create-keyring "$C/keyring" --gen-key -n client.admin \
+    --cap mon 'allow *' --cap osd 'allow *' --cap mgr 'allow *' --cap mds 'allow *'
+  ceph-authtool --create-keyring "$C/mon.keyring" --gen-key -n mon. --cap mon 'allow *'
+  ceph-authtool "$C/mon.keyring" --import-keyring "$C/keyring"
+  ceph-authtool "$C/mon.keyring" --gen-key -n client.csi \
+    --cap mon 'profile rbd' --cap osd 'profile rbd' --cap mgr 'profile rbd'
+  monmaptool --create --addv a "$mon_addr" --fsid "$fsid" "$C/monmap"
+  ceph-mon "${conf[@]}" --mkfs -i a --monmap "$C/monmap" --keyring "$C/mon.keyring"
+  ceph-mon "${conf[@]}" -i a </dev/null >>"$C/log/mon.out" 2>&1 9>&-
+
+  osd_id=$(printf '{"cephx_secret": "%s"}' "$osd_key" |
+    ceph "${conf[@]}" --connect-timeout 30 osd new "$osd_uuid" -i -)
+  T_MON=$(now)
+  flock -u 9; exec 9>&-   # the mon holds its ports: let other starts pick theirs
+  [ "$osd_id" = 0 ]
+  ceph "${conf[@]}" osd pool create rbd 8 8 &
+  pool_pid=$!
+  wait $mkfs_pid
+  ceph-osd "${conf[@]}" -i 0 </dev/null >>"$C/log/osd.out" 2>&1
+  wait $pool_pid
+  T_OSD=$(now)
+  # rbd pool init writes to the pool, so it also waits for the OSD to be up.
+  rbd "${conf[@]}" --rados-osd-op-timeout 60 pool init rbd
+  rbd "${conf[@]}" namespace create rbd/ns1
+  T_POOL=$(now)
+
+  cat >"$C/env" <<EOF
+CEPH_MON_HOST=$mon_addr
+CEPH_MON_V1=127.0.0.1:$v1
+CEPH_USER=admin
+CEPH_KEY=$(ceph-authtool -p -n client.admin "$C/keyring")
+CEPH_CSI_USER=csi
+CEPH_CSI_KEY=$(ceph-authtool -p -n client.csi "$C/mon.keyring")
+CEPH_CONF=$C/ceph.conf
+RSM_CLUSTER_DIR=$C
+EOF
+  cat >"$C/csi-config.json" <<EOF
+[{"clusterID":"rsm-e2e","monitors":["127.0.0.1:$v1"]},{"clusterID":"rsm-e2e-ns1","monitors":["127.0.0.1:$v1"],"rbd":{"radosNamespace":"ns1"}}]
+EOF
+  printf 'T0=%s T_MON=%s T_OSD=%s T_POOL=%s\n' "$T0" "$T_MON" "$T_OSD" "$T_POOL" >"$C/log/start.times"
+}
+
+# ------------------------------------------------------------------- main --
+
+[ $# = 2 ] || [ "${1:-}" = __start-inside ] || { echo "usage: $0 start|stop|kill|status DIR" >&2; exit 2; }
+DIR=$2
+[[ $DIR =~ ^[A-Za-z0-9_./+-]+$ ]] || die "DIR may contain only letters, digits and _ . / + -"
+case "$1" in
+  __start-inside) start_inside "$3" ;;
+  *) [ "$(id -u)" = 0 ] || die "must run as root"
+     mkdir -p "$(dirname "$DIR")"; DIR=$(readlink -f "$DIR")
+     [ "$DIR" != / ] || die "DIR must not be /"
+     case "$1" in
+       start) start ;;
+       stop) stop TERM ;;
+       kill) stop KILL ;;
+       status) status ;;
+       *) echo "usage: $0 start|stop|kill|status DIR" >&2; exit 2 ;;
+     esac ;;
+esac

@@ -1,0 +1,28 @@
+#!/bin/bash
+# `go test -exec` / `go run -exec` wrapper: runs a binary built on the host
+# (against Debian 12's pacific headers, with -tags pacific) inside the reef
+# rootfs, where go-ceph finds reef's rbd_diff_iterate3 with dlsym.
+#
+#   go test -tags pacific,e2e -exec "$PWD/e2e/exec.sh" ./e2e/
+#
+# The binary's folder, the current folder and each folder in RSM_BIND (a space
+# separated list of host folders without colons, e.g. the cluster folder) are
+# bound at their own paths; the binary runs in the current folder.
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+[ $# -gt 0 ] || { echo "usage: $0 BINARY [ARG...]" >&2; exit 2; }
+bin=$(readlink -f "$1"); shift
+
+binds=() seen=" "
+add() {
+  local d
+  d=$(readlink -f "$1") || { echo "exec.sh: no such folder: $1" >&2; exit 2; }
+  case "$d" in *:*) echo "exec.sh: folder names must not contain ':': $d" >&2; exit 2 ;; esac
+  case "$seen" in *" $d "*) return ;; esac
+  seen+="$d "; binds+=(-b "$d")
+}
+add "$(dirname "$bin")"
+add "$PWD"
+for d in ${RSM_BIND:-}; do add "$d"; done
+[ -z "${GOCOVERDIR:-}" ] || add "$GOCOVERDIR"   # go test -cover writes there
+exec "$HERE/in-rootfs.sh" "${binds[@]}" -w "$PWD" "$bin" "$@"

@@ -1,0 +1,32 @@
+#!/bin/bash
+# One-shot e2e run (make e2e): ensure the reef rootfs, start a fresh throwaway
+# cluster in a temp folder, run the e2e tests against it, and always stop it.
+#
+#   e2e/run-e2e.sh [go test args...]     e.g. e2e/run-e2e.sh -run Harness -v
+#
+# The tests are built on the host (-tags pacific,e2e) and run inside the rootfs
+# through e2e/exec.sh. GOFLAGS and extra arguments pass through to go test.
+# The exit code is go test's. Needs root (see rootfs.sh and cluster.sh).
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+cd "$HERE/.."
+
+"$HERE/rootfs.sh"
+CLUSTER=$(mktemp -d /var/tmp/rsm-e2e.XXXXXX)
+cleanup() {
+  "$HERE/cluster.sh" stop "$CLUSTER" || "$HERE/cluster.sh" kill "$CLUSTER" || true
+  rm -rf --one-file-system "$CLUSTER"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+"$HERE/cluster.sh" start "$CLUSTER"
+
+set -a
+# shellcheck disable=SC1091
+. "$CLUSTER/env"
+set +a
+export RSM_BIND="$CLUSTER${RSM_BIND:+ $RSM_BIND}"
+rc=0
+go test -tags pacific,e2e -count=1 -exec "$HERE/exec.sh" ./e2e/... "$@" || rc=$?
+exit $rc
