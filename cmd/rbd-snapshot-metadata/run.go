@@ -1,0 +1,104 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"k8s.io/klog/v2"
+
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/driver"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/server"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+// run parses the flags, wires rbd, driver and server together, and serves
+// until SIGTERM or SIGINT. It returns the process's exit code.
+func run(args []string) int {
+	fs := flag.NewFlagSet("rbd-snapshot-metadata", flag.ContinueOnError)
+	var (
+		endpoint    = fs.String("endpoint", "unix:///csi/csi-snapshot-metadata.sock", "gRPC endpoint: unix:///path or tcp://host:port")
+		driverName  = fs.String("drivername", "rbd.csi.ceph.com", "CSI driver name; must equal the VolumeSnapshotContents' driver")
+		configPath  = fs.String("clusterconfig", "/etc/ceph-csi-config/config.json", "Ceph-CSI cluster config (clusterID → monitors, radosNamespace)")
+		blockType   = fs.String("block-metadata-type", "VARIABLE_LENGTH", "VARIABLE_LENGTH or FIXED_LENGTH")
+		blockSize   = fs.Int64("fixed-block-size", 1<<20, "tuple size in bytes for FIXED_LENGTH")
+		precision   = fs.String("precision", "exact", "exact: librbd's per-extent diff; object: whole RADOS objects (fast with fast-diff)")
+		mountTO     = fs.Duration("ceph-connect-timeout", rbd.DefaultMountTimeout, "how long connecting to the monitors may take (librados client_mount_timeout)")
+		opTO        = fs.Duration("ceph-op-timeout", rbd.DefaultOpTimeout, "librados monitor and OSD operation timeout")
+		idleTO      = fs.Duration("ceph-conn-idle", rbd.DefaultIdleTimeout, "how long an unused cluster connection stays cached")
+		grace       = fs.Duration("grace-period", 30*time.Second, "on SIGTERM, how long running streams may finish")
+		showVersion = fs.Bool("version", false, "print the version and exit")
+	)
+	klog.InitFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *showVersion {
+		fmt.Println(version)
+		return 0
+	}
+	typ, ok := csi.BlockMetadataType_value[*blockType]
+	if !ok || typ == int32(csi.BlockMetadataType_UNKNOWN) {
+		fmt.Fprintf(os.Stderr, "--block-metadata-type: want VARIABLE_LENGTH or FIXED_LENGTH, got %q\n", *blockType)
+		return 2
+	}
+	var wholeObject bool
+	switch *precision {
+	case "exact":
+	case "object":
+		wholeObject = true
+	default:
+		fmt.Fprintf(os.Stderr, "--precision: want exact or object, got %q\n", *precision)
+		return 2
+	}
+
+	logger := klog.Background()
+	src := rbd.NewSource(rbd.Options{
+		ConfigPath:   *configPath,
+		MountTimeout: *mountTO,
+		OpTimeout:    *opTO,
+		IdleTimeout:  *idleTO,
+		WholeObject:  wholeObject,
+	})
+	defer src.Close()
+	drv, err := driver.New(source{src}, driver.Options{
+		Name:              *driverName,
+		Version:           version,
+		BlockMetadataType: csi.BlockMetadataType(typ),
+		FixedBlockSize:    *blockSize,
+		Ready:             func() error { return checkConfig(*configPath) },
+	})
+	if err != nil {
+		logger.Error(err, "Invalid configuration")
+		return 2
+	}
+	logger.Info("Starting", "version", version, "driver", *driverName, "clusterConfig", *configPath,
+		"blockMetadataType", *blockType, "fixedBlockSize", *blockSize, "precision", *precision)
+
+	ctx, stop := signal.NotifyContext(klog.NewContext(context.Background(), logger), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := server.Run(ctx, server.Config{Endpoint: *endpoint, Services: drv, GracePeriod: *grace}); err != nil {
+		logger.Error(err, "Server failed")
+		return 1
+	}
+	return 0
+}
+
+// checkConfig is the server's readiness: the cluster config can be read and
+// parsed. Without it no snapshot ID can be resolved.
+func checkConfig(path string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	_, err = rbd.ParseConfig(b)
+	return err
+}

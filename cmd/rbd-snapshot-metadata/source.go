@@ -1,0 +1,29 @@
+package main
+
+import (
+	"context"
+
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/driver"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd"
+)
+
+// source adapts rbd.Source to driver.Source. The two packages share no
+// types, so that rbd needs neither gRPC nor the driver, and the driver no
+// cgo.
+type source struct{ src *rbd.Source }
+
+func (s source) Open(ctx context.Context, req driver.OpenRequest) (driver.Diff, error) {
+	d, err := s.src.Open(ctx, rbd.Request{Base: req.Base, Target: req.Target, Secrets: req.Secrets})
+	if err != nil {
+		return nil, err
+	}
+	return diff{d}, nil
+}
+
+type diff struct{ *rbd.Diff }
+
+func (d diff) Iterate(ctx context.Context, offset int64, fn func(driver.Extent) error) error {
+	return d.Diff.Iterate(ctx, offset, func(off, length int64) error {
+		return fn(driver.Extent{Offset: off, Length: length})
+	})
+}
