@@ -1,0 +1,222 @@
+package rbd
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ceph/go-ceph/rados"
+)
+
+// fakeConnector makes unconnected rados handles and counts connects and
+// shutdowns. Each connect waits for gate to be closed (when set).
+type fakeConnector struct {
+	gate     chan struct{}
+	fail     error
+	connects atomic.Int32
+	shut     atomic.Int32
+}
+
+func (f *fakeConnector) connect(connParams) (*rados.Conn, error) {
+	f.connects.Add(1)
+	if f.gate != nil {
+		<-f.gate
+	}
+	if f.fail != nil {
+		return nil, f.fail
+	}
+	return rados.NewConn()
+}
+
+func newTestCache(t *testing.T, f *fakeConnector, idle time.Duration) *connCache {
+	t.Helper()
+	c := newConnCache(f.connect, idle)
+	c.shutdown = func(*rados.Conn) { f.shut.Add(1) }
+	t.Cleanup(c.close)
+	return c
+}
+
+var params = connParams{monHost: "v1:127.0.0.1:1", user: "admin", key: "k"}
+
+func TestConnCacheSingleflight(t *testing.T) {
+	f := &fakeConnector{gate: make(chan struct{})}
+	c := newTestCache(t, f, time.Hour)
+
+	const n = 8
+	got := make([]*cachedConn, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cc, err := c.get(context.Background(), params)
+			if err != nil {
+				t.Error(err)
+			}
+			got[i] = cc
+		}()
+	}
+	for c.stats().Refs < n {
+		time.Sleep(time.Millisecond)
+	}
+	if s := c.stats(); s.Conns != 1 || s.Connecting != 1 {
+		t.Errorf("stats while connecting = %+v", s)
+	}
+	close(f.gate)
+	wg.Wait()
+	if f.connects.Load() != 1 {
+		t.Errorf("%d connects; want 1", f.connects.Load())
+	}
+	for _, cc := range got {
+		if cc != got[0] {
+			t.Fatal("gets returned different connections")
+		}
+	}
+	other := params
+	other.key = "other"
+	cc2, err := c.get(context.Background(), other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cc2 == got[0] || f.connects.Load() != 2 {
+		t.Error("another key shared the connection")
+	}
+	c.release(cc2)
+	for _, cc := range got {
+		c.release(cc)
+	}
+	if s := c.stats(); s.Conns != 2 || s.Refs != 0 || s.Connecting != 0 {
+		t.Errorf("stats after release = %+v", s)
+	}
+	if f.shut.Load() != 0 {
+		t.Error("an idle connection was shut down before its time")
+	}
+	c.close()
+	if f.shut.Load() != 2 {
+		t.Errorf("%d shutdowns after close; want 2", f.shut.Load())
+	}
+	if _, err := c.get(context.Background(), params); !errors.Is(err, errCacheClosed) {
+		t.Errorf("get after close: %v", err)
+	}
+}
+
+func TestConnCacheCancelWhileConnecting(t *testing.T) {
+	f := &fakeConnector{gate: make(chan struct{})}
+	c := newTestCache(t, f, time.Hour)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() {
+		_, err := c.get(ctx, params)
+		done <- err
+	}()
+	for c.stats().Refs < 1 {
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("get: %v; want context.Canceled", err)
+	}
+	close(f.gate) // the connect finishes for nobody: cached, idle
+	for c.stats().Connecting > 0 {
+		time.Sleep(time.Millisecond)
+	}
+	if s := c.stats(); s.Conns != 1 || s.Refs != 0 {
+		t.Errorf("stats = %+v", s)
+	}
+	cc, err := c.get(context.Background(), params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.release(cc)
+	if f.connects.Load() != 1 {
+		t.Errorf("%d connects; want 1", f.connects.Load())
+	}
+}
+
+func TestConnCacheCloseWhileConnecting(t *testing.T) {
+	f := &fakeConnector{gate: make(chan struct{})}
+	c := newTestCache(t, f, time.Hour)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		_, _ = c.get(ctx, params)
+	}()
+	for c.stats().Refs < 1 {
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	closed := make(chan struct{})
+	go func() {
+		c.close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+		t.Fatal("close did not wait for the connect in flight")
+	case <-time.After(20 * time.Millisecond):
+	}
+	close(f.gate)
+	<-closed
+	if f.shut.Load() != 1 {
+		t.Errorf("%d shutdowns; want 1", f.shut.Load())
+	}
+}
+
+func TestConnCacheHeldOverClose(t *testing.T) {
+	f := &fakeConnector{}
+	c := newTestCache(t, f, time.Hour)
+	cc, err := c.get(context.Background(), params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.close()
+	if f.shut.Load() != 0 {
+		t.Fatal("close shut down a connection in use")
+	}
+	c.release(cc)
+	if f.shut.Load() != 1 {
+		t.Errorf("%d shutdowns after the last release; want 1", f.shut.Load())
+	}
+}
+
+func TestConnCacheFailure(t *testing.T) {
+	boom := errors.New("boom")
+	f := &fakeConnector{fail: boom}
+	c := newTestCache(t, f, time.Hour)
+	for range 2 {
+		if _, err := c.get(context.Background(), params); !errors.Is(err, boom) {
+			t.Fatalf("get: %v; want boom", err)
+		}
+	}
+	if f.connects.Load() != 2 {
+		t.Errorf("%d connects; a failure must not be cached", f.connects.Load())
+	}
+	if s := c.stats(); s != (Stats{}) {
+		t.Errorf("stats = %+v", s)
+	}
+}
+
+func TestConnCacheIdle(t *testing.T) {
+	f := &fakeConnector{}
+	c := newTestCache(t, f, 30*time.Millisecond)
+	cc, err := c.get(context.Background(), params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(80 * time.Millisecond)
+	if f.shut.Load() != 0 {
+		t.Fatal("a connection in use was reaped")
+	}
+	c.release(cc)
+	deadline := time.Now().Add(5 * time.Second)
+	for f.shut.Load() == 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if s := c.stats(); f.shut.Load() != 1 || s.Conns != 0 {
+		t.Errorf("after idle: %d shutdowns, stats %+v", f.shut.Load(), s)
+	}
+}

@@ -1,0 +1,124 @@
+package rbd
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/ceph/go-ceph/rados"
+)
+
+// timeouts are the librados timeouts of a connection.
+type timeouts struct {
+	mount time.Duration // client_mount_timeout: to get a monitor session
+	op    time.Duration // rados_mon_op_timeout and rados_osd_op_timeout
+}
+
+// connector returns the function that makes a new cluster connection.
+func (t timeouts) connector() func(connParams) (*rados.Conn, error) {
+	return func(p connParams) (*rados.Conn, error) { return connect(p, t) }
+}
+
+// connect makes a cluster connection as p.user, configured without any
+// ceph.conf or keyring file. A refused login is fs.ErrPermission, and so is
+// a login that times out although the monitors accept TCP connections
+// (reef's librados reports a wrong key or an unknown user that way). A
+// connect timeout with unreachable monitors is os.ErrDeadlineExceeded.
+//
+// Implements (through go-ceph): rados_create, rados_conf_set, rados_connect.
+func connect(p connParams, t timeouts) (*rados.Conn, error) {
+	who := "client." + p.user
+	conn, err := rados.NewConnWithUser(p.user)
+	if err != nil {
+		return nil, wrap("create cluster handle for "+who, err)
+	}
+	// A handle that never connected cannot be shut down through go-ceph;
+	// its finalizer calls rados_shutdown.
+	for _, o := range []struct{ name, value string }{
+		{"mon_host", p.monHost},
+		{"key", p.key},
+		{"keyring", "/dev/null"},
+		{"client_mount_timeout", seconds(t.mount)},
+		{"rados_mon_op_timeout", seconds(t.op)},
+		{"rados_osd_op_timeout", seconds(t.op)},
+		// A library does not log: errors are returned, classified.
+		{"log_to_stderr", "false"},
+		{"err_to_stderr", "false"},
+	} {
+		if err := conn.SetConfigOption(o.name, o.value); err != nil {
+			// Only the option's name: the value may be the key.
+			return nil, wrap("set librados option "+o.name, err)
+		}
+	}
+	if err := conn.Connect(); err != nil {
+		return nil, connectError(p, t, err)
+	}
+	return conn, nil
+}
+
+// connectError classifies a failed rados_connect.
+func connectError(p connParams, t timeouts, err error) error {
+	what := fmt.Sprintf("connect to monitors %s as client.%s", p.monHost, p.user)
+	n := errnoOf(err)
+	switch syscall.Errno(n) {
+	case syscall.EACCES, syscall.EPERM:
+		return fmt.Errorf("%s: authentication failed (wrong key or unknown user): %w",
+			what, &cephError{errno: n, kind: fs.ErrPermission, err: err})
+	case syscall.ETIMEDOUT:
+		if reachable(p.dial, dialTimeout) {
+			return fmt.Errorf("%s: the monitors accept connections but gave no session within %s: "+
+				"authentication failed (wrong key or unknown user), or the monitors have no quorum, "+
+				"or a monitor address has the wrong messenger version (v1/v2): %w",
+				what, t.mount, &cephError{errno: n, kind: fs.ErrPermission, err: err})
+		}
+		return fmt.Errorf("%s: monitors %v unreachable: %w",
+			what, p.dial, &cephError{errno: n, kind: os.ErrDeadlineExceeded, err: err})
+	}
+	return wrap(what, err)
+}
+
+// dialTimeout bounds each TCP dial of reachable.
+const dialTimeout = 3 * time.Second
+
+// reachable reports whether any of the addresses accepts a TCP connection
+// within timeout. It returns once all dials have finished.
+func reachable(addrs []string, timeout time.Duration) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	var (
+		wg sync.WaitGroup
+		mu sync.Mutex
+		ok bool
+	)
+	for _, a := range addrs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var d net.Dialer
+			c, err := d.DialContext(ctx, "tcp", a)
+			if err != nil {
+				return
+			}
+			c.Close()
+			mu.Lock()
+			ok = true
+			mu.Unlock()
+			cancel()
+		}()
+	}
+	wg.Wait()
+	return ok
+}
+
+// seconds formats d as a whole number of seconds, at least 1, rounded up:
+// some librados versions take these options as integers.
+func seconds(d time.Duration) string {
+	s := int64((d + time.Second - 1) / time.Second)
+	return strconv.FormatInt(max(s, 1), 10)
+}

@@ -1,0 +1,56 @@
+// Package rbd reads the changed and allocated extents of Ceph RBD snapshots
+// with librbd, for the CSI SnapshotMetadata service.
+//
+// A Source opens a pair of snapshots (Request) and returns a Diff: the
+// target snapshot's allocated extents when there is no base, otherwise the
+// extents that changed from the base to the target. cmd/ adapts Source and
+// Diff to the driver package's interfaces; this package imports neither the
+// driver nor gRPC, and it does not log.
+//
+// # Snapshot IDs
+//
+// A snapshot ID is <clusterID>/<pool>[/<radosNamespace>]/<image>@<snapshot>
+// (see ParseID). The cluster ID selects an entry of Ceph-CSI's cluster
+// config file (ParseConfig), which gives the monitors and the default RADOS
+// namespace. IDs decode to a reference, which resolves to a snapRef once
+// the cluster is connected; Open works only with snapRefs, so that other ID
+// forms (Ceph-CSI's snapshot handles, resolved through its omap journal)
+// can be added as new references.
+//
+// # Connections
+//
+// Cluster connections are cached per monitor set, cephx user and key (by
+// its SHA-256), shared by concurrent Diffs, and shut down after an idle
+// time or on Source.Close. Credentials come from the request's secrets
+// userID and userKey. librados is configured without files: mon_host, key,
+// keyring=/dev/null and bounded timeouts (client_mount_timeout,
+// rados_mon_op_timeout, rados_osd_op_timeout).
+//
+// # Errors
+//
+// Every error says what was being done ("open image rbd/vol: no such file
+// or directory") and never contains a key. Errors are classified by
+// wrapping the standard sentinels, tested with errors.Is:
+//
+//	fs.ErrNotExist          cluster ID, pool, namespace, image or snapshot unknown
+//	fs.ErrInvalid           malformed ID, secrets missing, base not older than
+//	                        target, snapshots of different volumes, bad offset
+//	fs.ErrPermission        the cephx user was refused; also a monitor that
+//	                        accepts TCP connections but gives no session in
+//	                        time, which is how reef reports a wrong key
+//	errors.ErrUnsupported   librbd cannot do this diff (rbd_diff_iterate3 needed)
+//	os.ErrDeadlineExceeded  the monitors are unreachable, or librados timed out
+//
+// Context errors and the errors of Iterate's callback are returned as they
+// are. Anything else is unclassified (an internal error), including a
+// missing or broken cluster config file.
+//
+// # Iteration
+//
+// Diff.Iterate runs exactly one librbd diff-iterate per call, from an
+// offset to the end of the snapshot. librbd calls back on the calling
+// thread and blocking in the callback is safe, so the caller's function may
+// apply backpressure. To stop early, the callback returns a negative errno
+// to librbd, keeps the reason, and Iterate returns that reason in
+// preference to librbd's error; callbacks that still arrive are ignored.
+package rbd

@@ -1,0 +1,95 @@
+package rbd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"syscall"
+)
+
+// Errors from librados and librbd carry an errno. go-ceph wraps it in
+// errors with an ErrorCode method (rbd.ErrNotFound, rados.ErrNotFound and
+// the unexported cephError), and its functions disagree on the sign of the
+// same errno: DiffIterate reports a missing callback as +EINVAL,
+// DiffIterateByID as -EINVAL. Everything here works on the absolute value.
+
+// errnoOf returns the positive errno carried by a go-ceph error, or 0 when
+// err carries none.
+func errnoOf(err error) int {
+	var coded interface{ ErrorCode() int }
+	if !errors.As(err, &coded) {
+		return 0
+	}
+	n := coded.ErrorCode()
+	if n < 0 {
+		n = -n
+	}
+	return n
+}
+
+// kindOf returns the standard sentinel that classifies errno n for the
+// driver (see driver.Source), or nil when n has no class of its own.
+func kindOf(n int) error {
+	switch syscall.Errno(n) {
+	case syscall.ENOENT:
+		return fs.ErrNotExist
+	case syscall.EINVAL:
+		return fs.ErrInvalid
+	case syscall.EACCES, syscall.EPERM:
+		return fs.ErrPermission
+	case syscall.ETIMEDOUT:
+		return os.ErrDeadlineExceeded
+	case syscall.ENOSYS, syscall.EOPNOTSUPP:
+		return errors.ErrUnsupported
+	}
+	return nil
+}
+
+// cephError is a failed librados or librbd call, classified by the standard
+// sentinel of its errno. errors.Is matches both the sentinel and go-ceph's
+// original error.
+type cephError struct {
+	errno int   // positive; 0 when the go-ceph error carried none
+	kind  error // fs.ErrNotExist, ...; nil when unclassified
+	err   error // go-ceph's error
+}
+
+// Error is the errno's text ("no such file or directory"), without go-ceph's
+// prefixes, or the go-ceph error's text when it carries no errno.
+func (e *cephError) Error() string {
+	if e.errno != 0 {
+		return syscall.Errno(e.errno).Error()
+	}
+	return e.err.Error()
+}
+
+// Unwrap returns the sentinel (when there is one) and go-ceph's error.
+func (e *cephError) Unwrap() []error {
+	if e.kind == nil {
+		return []error{e.err}
+	}
+	return []error{e.kind, e.err}
+}
+
+// classify turns a go-ceph error into a cephError. Context errors and errors
+// already classified here pass through unchanged.
+func classify(err error) error {
+	var ce *cephError
+	if err == nil || errors.As(err, &ce) ||
+		errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	n := errnoOf(err)
+	return &cephError{errno: n, kind: kindOf(n), err: err}
+}
+
+// wrap classifies err and prefixes it with what was being done, as in
+// wrap("open image rbd/vol", err). It returns nil for a nil err.
+func wrap(what string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("%s: %w", what, classify(err))
+}

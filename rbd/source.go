@@ -1,0 +1,217 @@
+package rbd
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"io/fs"
+	"time"
+
+	"github.com/ceph/go-ceph/rados"
+)
+
+// Options configure a Source. Zero values select the defaults.
+type Options struct {
+	// ConfigPath is Ceph-CSI's cluster config file (config.json of the
+	// ceph-csi-config ConfigMap). It is re-read when it changes.
+	ConfigPath string
+	// MountTimeout is librados' client_mount_timeout: how long a connect
+	// may wait for a monitor session. Default 10 s (librados': 300 s).
+	MountTimeout time.Duration
+	// OpTimeout is librados' rados_mon_op_timeout and rados_osd_op_timeout.
+	// Default 30 s.
+	OpTimeout time.Duration
+	// IdleTimeout is how long an unused cluster connection stays cached.
+	// Default 5 min.
+	IdleTimeout time.Duration
+	// WholeObject reports changes at RADOS object granularity. With
+	// fast-diff, librbd then reads only the object map, which is orders of
+	// magnitude faster, but extents are rounded out to whole objects.
+	WholeObject bool
+}
+
+// Default option values.
+const (
+	DefaultMountTimeout = 10 * time.Second
+	DefaultOpTimeout    = 30 * time.Second
+	DefaultIdleTimeout  = 5 * time.Minute
+)
+
+// Request names the snapshots of one diff.
+type Request struct {
+	// Base is the older snapshot's ID for a delta, empty for allocated.
+	Base string
+	// Target is the snapshot whose data is described.
+	Target string
+	// Secrets hold Ceph-CSI's credentials: userID and userKey.
+	Secrets map[string]string
+}
+
+// Secret keys of a Request, as Ceph-CSI names them.
+const (
+	SecretUserID  = "userID"
+	SecretUserKey = "userKey"
+)
+
+// Source opens RBD snapshots for diffing. It caches cluster connections,
+// shared by all its Diffs. Safe for concurrent use.
+type Source struct {
+	opts   Options
+	config *config
+	conns  *connCache
+}
+
+// NewSource returns a Source; Close releases it.
+func NewSource(o Options) *Source {
+	if o.MountTimeout <= 0 {
+		o.MountTimeout = DefaultMountTimeout
+	}
+	if o.OpTimeout <= 0 {
+		o.OpTimeout = DefaultOpTimeout
+	}
+	if o.IdleTimeout <= 0 {
+		o.IdleTimeout = DefaultIdleTimeout
+	}
+	t := timeouts{mount: o.MountTimeout, op: o.OpTimeout}
+	return &Source{
+		opts:   o,
+		config: &config{path: o.ConfigPath},
+		conns:  newConnCache(t.connector(), o.IdleTimeout),
+	}
+}
+
+// Close shuts down the cached connections: idle ones at once, the others
+// when their Diffs close. It waits for connect attempts in flight (at most
+// about MountTimeout). Open fails after Close.
+func (s *Source) Close() error {
+	s.conns.close()
+	return nil
+}
+
+// Stats counts the cached connections.
+func (s *Source) Stats() Stats { return s.conns.stats() }
+
+// Open resolves the snapshots of req and prepares one diff: the allocated
+// extents of Target when Base is empty, otherwise the extents that changed
+// from Base to Target, which must be an older snapshot of the same image.
+// The caller must Close the Diff. On error, everything Open took is
+// released. Errors are classified as documented in the package comment.
+func (s *Source) Open(ctx context.Context, req Request) (_ *Diff, err error) {
+	target, err := parseReference(req.Target)
+	if err != nil {
+		return nil, fmt.Errorf("target: %w", err)
+	}
+	var base reference
+	if req.Base != "" {
+		if base, err = parseReference(req.Base); err != nil {
+			return nil, fmt.Errorf("base: %w", err)
+		}
+		if base.clusterID() != target.clusterID() {
+			return nil, fmt.Errorf("snapshots of different volumes: base %q is in cluster %q, target %q in cluster %q: %w",
+				req.Base, base.clusterID(), req.Target, target.clusterID(), fs.ErrInvalid)
+		}
+	}
+	user, key, err := credentials(req.Secrets)
+	if err != nil {
+		return nil, err
+	}
+	cl, err := s.config.lookup(target.clusterID())
+	if err != nil {
+		return nil, err
+	}
+	host, dial, err := monHost(cl.Monitors)
+	if err != nil {
+		// The server's configuration is broken: not the caller's fault.
+		return nil, fmt.Errorf("cluster %q in the cluster config: %v", cl.ID, err)
+	}
+	lc := &lazyConn{ctx: ctx, cache: s.conns, params: connParams{monHost: host, dial: dial, user: user, key: key}}
+	defer lc.release() // unless handed to the Diff
+
+	tref, err := target.resolve(cl, lc.get)
+	if err != nil {
+		return nil, fmt.Errorf("resolve target %q: %w", req.Target, err)
+	}
+	var bref *snapRef
+	if base != nil {
+		b, err := base.resolve(cl, lc.get)
+		if err != nil {
+			return nil, fmt.Errorf("resolve base %q: %w", req.Base, err)
+		}
+		if !b.sameImage(tref) {
+			return nil, fmt.Errorf("snapshots of different volumes: base %s, target %s: %w", b, tref, fs.ErrInvalid)
+		}
+		bref = &b
+	}
+	if _, err := lc.get(); err != nil {
+		return nil, err
+	}
+	d := &Diff{conns: s.conns, cc: lc.take(), target: tref, base: bref, whole: s.opts.WholeObject}
+	defer func() {
+		if err != nil {
+			d.Close()
+		}
+	}()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if err := d.open(); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// cephxKeyHeader is the size of a cephx key's header (type, creation time,
+// secret length) before the secret itself.
+const cephxKeyHeader = 12
+
+// credentials returns the cephx user and key of a request's secrets.
+// Errors name a missing secret, never a value.
+func credentials(secrets map[string]string) (user, key string, err error) {
+	user, key = secrets[SecretUserID], secrets[SecretUserKey]
+	for _, s := range []struct{ name, value string }{{SecretUserID, user}, {SecretUserKey, key}} {
+		if s.value == "" {
+			return "", "", fmt.Errorf("secret %q is missing: %w", s.name, fs.ErrInvalid)
+		}
+	}
+	// librados would print an undecodable key to stderr.
+	if b, err := base64.StdEncoding.DecodeString(key); err != nil || len(b) <= cephxKeyHeader {
+		return "", "", fmt.Errorf("secret %q is not a cephx key (base64): %w", SecretUserKey, fs.ErrInvalid)
+	}
+	return user, key, nil
+}
+
+// lazyConn gets the cluster connection of one Open when first needed: native
+// IDs resolve without it, so that malformed requests fail without a connect.
+type lazyConn struct {
+	ctx    context.Context
+	cache  *connCache
+	params connParams
+	cc     *cachedConn
+}
+
+// get returns the connection, connecting on first use.
+func (l *lazyConn) get() (*rados.Conn, error) {
+	if l.cc == nil {
+		cc, err := l.cache.get(l.ctx, l.params)
+		if err != nil {
+			return nil, err
+		}
+		l.cc = cc
+	}
+	return l.cc.conn, nil
+}
+
+// take hands the reference to the caller; release then does nothing.
+func (l *lazyConn) take() *cachedConn {
+	cc := l.cc
+	l.cc = nil
+	return cc
+}
+
+// release drops the reference unless it was taken.
+func (l *lazyConn) release() {
+	if l.cc != nil {
+		l.cache.release(l.cc)
+		l.cc = nil
+	}
+}
