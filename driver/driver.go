@@ -15,6 +15,7 @@ package driver
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 )
@@ -42,7 +43,22 @@ type Options struct {
 	// Ready tells whether the driver can serve; Probe reports it. Nil means
 	// always ready.
 	Ready func() error
+	// Observer, when set, is told what each stream sent.
+	Observer Observer
 }
+
+// Observer receives the figures of each finished stream, for metrics.
+type Observer interface {
+	// Streamed reports the tuples and bytes that one stream of method sent
+	// and how long its diff ran.
+	Streamed(method string, tuples int, bytes int64, diff time.Duration)
+}
+
+// The method names that Observer is given.
+const (
+	MethodAllocated = "GetMetadataAllocated"
+	MethodDelta     = "GetMetadataDelta"
+)
 
 // Driver implements csi.IdentityServer and csi.SnapshotMetadataServer.
 type Driver struct {

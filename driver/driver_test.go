@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"net"
 	"os"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -373,5 +374,64 @@ func TestNewRejectsBadOptions(t *testing.T) {
 		if _, err := driver.New(fixture(), o); err == nil {
 			t.Errorf("New(%+v) succeeded", o)
 		}
+	}
+}
+
+type observed struct {
+	method string
+	tuples int
+	bytes  int64
+}
+
+type recorder struct {
+	mu  sync.Mutex
+	got []observed
+}
+
+func (r *recorder) Streamed(method string, tuples int, bytes int64, _ time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.got = append(r.got, observed{method, tuples, bytes})
+}
+
+// TestObserverNamesTheMethod checks that each RPC's figures are recorded
+// under its own name, with what the client received.
+func TestObserverNamesTheMethod(t *testing.T) {
+	rec := &recorder{}
+	d, err := driver.New(fixture(), driver.Options{Name: "x", BlockMetadataType: csi.BlockMetadataType_VARIABLE_LENGTH, Observer: rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := serve(t, d)
+	ra, err := allocated(t, conn, &csi.GetMetadataAllocatedRequest{SnapshotId: "s2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rd, err := delta(t, conn, &csi.GetMetadataDeltaRequest{BaseSnapshotId: "s1", TargetSnapshotId: "s2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := func(r result) (n int, b int64) {
+		for _, e := range r.tuples {
+			n++
+			b += e.Length
+		}
+		return n, b
+	}
+	na, ba := sum(ra)
+	nd, bd := sum(rd)
+	want := []observed{{driver.MethodAllocated, na, ba}, {driver.MethodDelta, nd, bd}}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		rec.mu.Lock()
+		got := append([]observed(nil), rec.got...)
+		rec.mu.Unlock()
+		if len(got) == 2 || time.Now().After(deadline) {
+			if diff := cmp.Diff(want, got, cmp.AllowUnexported(observed{})); diff != "" {
+				t.Errorf("-want +got:\n%s", diff)
+			}
+			return
+		}
+		time.Sleep(time.Millisecond)
 	}
 }

@@ -3,6 +3,7 @@ package driver
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
@@ -16,7 +17,7 @@ func (d *Driver) GetMetadataAllocated(req *csi.GetMetadataAllocatedRequest, stre
 		return status.Error(codes.InvalidArgument, msgNoSnapshotID)
 	}
 	open := OpenRequest{Target: req.GetSnapshotId(), Secrets: req.GetSecrets()}
-	return d.stream(stream.Context(), open, req.GetStartingOffset(), req.GetMaxResults(),
+	return d.stream(stream.Context(), MethodAllocated, open, req.GetStartingOffset(), req.GetMaxResults(),
 		func(capacity int64, page []*csi.BlockMetadata) error {
 			return stream.Send(&csi.GetMetadataAllocatedResponse{
 				BlockMetadataType:   d.opts.BlockMetadataType,
@@ -36,7 +37,7 @@ func (d *Driver) GetMetadataDelta(req *csi.GetMetadataDeltaRequest, stream csi.S
 		return status.Error(codes.InvalidArgument, msgNoTargetID)
 	}
 	open := OpenRequest{Base: req.GetBaseSnapshotId(), Target: req.GetTargetSnapshotId(), Secrets: req.GetSecrets()}
-	return d.stream(stream.Context(), open, req.GetStartingOffset(), req.GetMaxResults(),
+	return d.stream(stream.Context(), MethodDelta, open, req.GetStartingOffset(), req.GetMaxResults(),
 		func(capacity int64, page []*csi.BlockMetadata) error {
 			return stream.Send(&csi.GetMetadataDeltaResponse{
 				BlockMetadataType:   d.opts.BlockMetadataType,
@@ -48,7 +49,7 @@ func (d *Driver) GetMetadataDelta(req *csi.GetMetadataDeltaRequest, stream csi.S
 
 // stream runs one diff and sends its pages; both RPCs end here. Every
 // error leaves through toStatus.
-func (d *Driver) stream(ctx context.Context, req OpenRequest, start int64, maxResults int32,
+func (d *Driver) stream(ctx context.Context, method string, req OpenRequest, start int64, maxResults int32,
 	send func(capacity int64, page []*csi.BlockMetadata) error) (err error) {
 	if maxResults < 0 {
 		return status.Errorf(codes.InvalidArgument, msgNegativeMax, maxResults)
@@ -85,14 +86,21 @@ func (d *Driver) stream(ctx context.Context, req OpenRequest, start int64, maxRe
 			}
 			return send(capacity, page)
 		})
+	began := time.Now()
+	var diffTime time.Duration
 	defer func() {
-		logger.V(2).Info("Stream finished", "capacity", capacity, "startingOffset", start,
-			"pages", p.pages, "tuples", p.tuples, "bytes", p.bytes, "err", err)
+		logger.V(2).Info("Stream finished", "code", status.Code(err), "duration", time.Since(began),
+			"capacity", capacity, "startingOffset", start, "pages", p.pages, "tuples", p.tuples, "bytes", p.bytes, "err", err)
+		if d.opts.Observer != nil {
+			d.opts.Observer.Streamed(method, p.tuples, p.bytes, diffTime)
+		}
 	}()
 	if start == capacity {
 		return nil
 	}
-	if err := diff.Iterate(ctx, start, p.add); err != nil {
+	err = diff.Iterate(ctx, start, p.add)
+	diffTime = time.Since(began)
+	if err != nil {
 		return toStatus(err)
 	}
 	// A diff that returned without error has delivered every extent, but

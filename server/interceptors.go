@@ -5,12 +5,16 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"runtime/debug"
+	"strings"
+	"time"
 
 	"github.com/kubernetes-csi/csi-lib-utils/protosanitizer"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
+
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/metrics"
 )
 
 // snapshotIDs is what the requests of both SnapshotMetadata RPCs have, so
@@ -54,8 +58,21 @@ func recovered(l klog.Logger, err *error) {
 	}
 }
 
-func unaryInterceptor(base klog.Logger) grpc.UnaryServerInterceptor {
+// methodName is the last part of a full gRPC method name, as metrics
+// label it: /csi.v1.SnapshotMetadata/GetMetadataDelta → GetMetadataDelta.
+func methodName(full string) string {
+	return full[strings.LastIndexByte(full, '/')+1:]
+}
+
+// observe records a finished RPC; deferred first, it sees the status that
+// recovered set.
+func observe(m *metrics.Metrics, method string, began time.Time, err *error) {
+	m.RPCDone(method, status.Code(*err), time.Since(began))
+}
+
+func unaryInterceptor(base klog.Logger, m *metrics.Metrics) grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (resp any, err error) {
+		defer observe(m, methodName(info.FullMethod), time.Now(), &err)
 		ctx, l := withLogger(ctx, base, info.FullMethod)
 		ctx, l = withRequest(ctx, l, req)
 		defer recovered(l, &err)
@@ -67,8 +84,12 @@ func unaryInterceptor(base klog.Logger) grpc.UnaryServerInterceptor {
 	}
 }
 
-func streamInterceptor(base klog.Logger) grpc.StreamServerInterceptor {
+func streamInterceptor(base klog.Logger, m *metrics.Metrics) grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) (err error) {
+		method := methodName(info.FullMethod)
+		m.StreamStarted(method)
+		defer m.StreamDone(method)
+		defer observe(m, method, time.Now(), &err)
 		ctx, l := withLogger(ss.Context(), base, info.FullMethod)
 		w := &loggedStream{ServerStream: ss, ctx: ctx, l: l}
 		defer recovered(l, &err)

@@ -19,6 +19,8 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"k8s.io/klog/v2"
+
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/metrics"
 )
 
 // Services is what the server serves; driver.Driver is one.
@@ -38,6 +40,11 @@ type Config struct {
 	GracePeriod time.Duration
 	// Ready is called once the socket listens.
 	Ready func()
+	// Metrics, when set, records the RPCs.
+	Metrics *metrics.Metrics
+	// MetricsAddress, when set, is the host:port where /metrics is served
+	// over HTTP.
+	MetricsAddress string
 }
 
 // Run serves cfg.Services on cfg.Endpoint until ctx ends.
@@ -49,9 +56,17 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	defer cleanup()
 
+	if cfg.MetricsAddress != "" {
+		stop, err := serveMetrics(logger, cfg.MetricsAddress, cfg.Metrics)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
+
 	srv := grpc.NewServer(
-		grpc.ChainUnaryInterceptor(unaryInterceptor(logger)),
-		grpc.ChainStreamInterceptor(streamInterceptor(logger)),
+		grpc.ChainUnaryInterceptor(unaryInterceptor(logger, cfg.Metrics)),
+		grpc.ChainStreamInterceptor(streamInterceptor(logger, cfg.Metrics)),
 	)
 	csi.RegisterIdentityServer(srv, cfg.Services)
 	csi.RegisterSnapshotMetadataServer(srv, cfg.Services)

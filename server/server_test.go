@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -23,6 +24,7 @@ import (
 
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/driver"
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/driver/drivertest"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/metrics"
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/server"
 )
 
@@ -207,6 +209,92 @@ func TestSocketReplacedWhenStaleRefusedWhenLive(t *testing.T) {
 	for _, bad := range []string{"unix://relative/x.sock", "http://x", "tcp://"} {
 		if err := server.Run(context.Background(), server.Config{Endpoint: bad, Services: d}); err == nil {
 			t.Errorf("endpoint %q accepted", bad)
+		}
+	}
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// TestMetrics runs RPCs and scrapes /metrics: RPCs by method and code,
+// tuples and bytes under the right method, no stream left in flight, and
+// neither a secret nor a snapshot ID in any label.
+func TestMetrics(t *testing.T) {
+	m := metrics.New(func() float64 { return 3 })
+	d, err := driver.New(source(), driver.Options{Name: "x", BlockMetadataType: csi.BlockMetadataType_VARIABLE_LENGTH, Observer: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock := "unix://" + filepath.Join(t.TempDir(), "csi.sock")
+	addr := freePort(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	ready, done := make(chan struct{}), make(chan error, 1)
+	go func() {
+		done <- server.Run(ctx, server.Config{Endpoint: sock, Services: d, Metrics: m, MetricsAddress: addr, Ready: func() { close(ready) }})
+	}()
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatal(err)
+	}
+	defer func() { cancel(); <-done }()
+	conn, err := grpc.NewClient(sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c := csi.NewSnapshotMetadataClient(conn)
+	secrets := map[string]string{"userID": "u", "userKey": secretKey}
+	for _, id := range []string{"c1/rbd/img@s1", "c1/rbd/img@s1", "c1/rbd/img@missing"} {
+		s, err := c.GetMetadataAllocated(context.Background(), &csi.GetMetadataAllocatedRequest{SnapshotId: id, Secrets: secrets})
+		if err == nil {
+			_ = drain(s.Recv)
+		}
+	}
+	if _, err := csi.NewIdentityClient(conn).Probe(context.Background(), &csi.ProbeRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	var body string
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		resp, err := http.Get("http://" + addr + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		body = string(b)
+		// The last stream's figures land as its handler returns.
+		if strings.Contains(body, `rbd_snapshot_metadata_rpcs_total{code="NotFound",method="GetMetadataAllocated"} 1`) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, want := range []string{
+		`rbd_snapshot_metadata_rpcs_total{code="OK",method="GetMetadataAllocated"} 2`,
+		`rbd_snapshot_metadata_rpcs_total{code="NotFound",method="GetMetadataAllocated"} 1`,
+		`rbd_snapshot_metadata_rpcs_total{code="OK",method="Probe"} 1`,
+		`rbd_snapshot_metadata_streamed_tuples_total{method="GetMetadataAllocated"} 2`,
+		`rbd_snapshot_metadata_streamed_bytes_total{method="GetMetadataAllocated"} 8192`,
+		`rbd_snapshot_metadata_streams_in_flight{method="GetMetadataAllocated"} 0`,
+		`rbd_snapshot_metadata_diff_iterate_seconds_count{method="GetMetadataAllocated"} 2`,
+		`rbd_snapshot_metadata_rpc_duration_seconds_count{method="GetMetadataAllocated"} 3`,
+		`rbd_snapshot_metadata_cached_connections 3`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	for _, secret := range []string{secretKey, "c1/rbd/img"} {
+		if strings.Contains(body, secret) {
+			t.Errorf("/metrics carries %q", secret)
 		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/driver"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/metrics"
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd"
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/server"
 )
@@ -35,6 +36,7 @@ func run(args []string) int {
 		opTO        = fs.Duration("ceph-op-timeout", rbd.DefaultOpTimeout, "librados monitor and OSD operation timeout")
 		idleTO      = fs.Duration("ceph-conn-idle", rbd.DefaultIdleTimeout, "how long an unused cluster connection stays cached")
 		grace       = fs.Duration("grace-period", 30*time.Second, "on SIGTERM, how long running streams may finish")
+		metricsAddr = fs.String("metrics-address", "", "host:port to serve Prometheus /metrics on (empty: off)")
 		showVersion = fs.Bool("version", false, "print the version and exit")
 	)
 	klog.InitFlags(fs)
@@ -69,12 +71,14 @@ func run(args []string) int {
 		WholeObject:  wholeObject,
 	})
 	defer src.Close()
+	m := metrics.New(func() float64 { return float64(src.Stats().Conns) })
 	drv, err := driver.New(source{src}, driver.Options{
 		Name:              *driverName,
 		Version:           version,
 		BlockMetadataType: csi.BlockMetadataType(typ),
 		FixedBlockSize:    *blockSize,
 		Ready:             func() error { return checkConfig(*configPath) },
+		Observer:          m,
 	})
 	if err != nil {
 		logger.Error(err, "Invalid configuration")
@@ -85,7 +89,9 @@ func run(args []string) int {
 
 	ctx, stop := signal.NotifyContext(klog.NewContext(context.Background(), logger), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if err := server.Run(ctx, server.Config{Endpoint: *endpoint, Services: drv, GracePeriod: *grace}); err != nil {
+	if err := server.Run(ctx, server.Config{
+		Endpoint: *endpoint, Services: drv, GracePeriod: *grace, Metrics: m, MetricsAddress: *metricsAddr,
+	}); err != nil {
 		logger.Error(err, "Server failed")
 		return 1
 	}

@@ -29,7 +29,9 @@ func serve(t *testing.T) string {
 	sock := "unix://" + filepath.Join(t.TempDir(), "s.sock")
 	ctx, cancel := context.WithCancel(context.Background())
 	ready, done := make(chan struct{}), make(chan error, 1)
-	go func() { done <- server.Run(ctx, server.Config{Endpoint: sock, Services: d, Ready: func() { close(ready) }}) }()
+	go func() {
+		done <- server.Run(ctx, server.Config{Endpoint: sock, Services: d, Ready: func() { close(ready) }})
+	}()
 	<-ready
 	t.Cleanup(func() { cancel(); <-done })
 	return sock
