@@ -51,7 +51,7 @@ unit() {
 	deps
 	lint
 	# driver, server and client must build and pass without cgo.
-	CGO_ENABLED=0 go test -count=1 ./driver/... ./server/... ./client/... ./cmd/snapmeta/
+	CGO_ENABLED=0 go test -count=1 ./driver/... ./server/... ./client/... ./metrics/... ./cmd/snapmeta/
 	go test -count=1 -race -tags "$TAGS" ./...
 }
 

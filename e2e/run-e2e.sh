@@ -26,7 +26,9 @@ set -a
 # shellcheck disable=SC1091
 . "$CLUSTER/env"
 set +a
-export RSM_BIND="$CLUSTER${RSM_BIND:+ $RSM_BIND}"
+# The tests run the server binary (./dev.sh build) inside the rootfs.
+export RSM_SERVER_BIN="$PWD/bin/rbd-snapshot-metadata"
+export RSM_BIND="$CLUSTER $PWD/bin${RSM_BIND:+ $RSM_BIND}"
 rc=0
 go test -tags pacific,e2e -count=1 -exec "$HERE/exec.sh" ./e2e/... "$@" || rc=$?
 exit $rc
