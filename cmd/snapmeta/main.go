@@ -4,6 +4,10 @@
 //
 //	snapmeta [flags] allocated SNAPSHOT_ID
 //	snapmeta [flags] delta BASE_SNAPSHOT_ID TARGET_SNAPSHOT_ID
+//	snapmeta [flags] check [BASE_SNAPSHOT_ID] SNAPSHOT_ID
+//
+// check points the conformance checker (package client/conformance) at any
+// SnapshotMetadata server and reports every violation of the spec's rules.
 //
 // The Ceph credentials come from --user and --keyfile, or from the
 // environment: SNAPMETA_USER and SNAPMETA_KEY.

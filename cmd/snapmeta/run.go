@@ -18,11 +18,15 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/client"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/client/conformance"
 )
 
 const usage = `usage:
   snapmeta [flags] allocated SNAPSHOT_ID
   snapmeta [flags] delta BASE_SNAPSHOT_ID TARGET_SNAPSHOT_ID
+  snapmeta [flags] check [BASE_SNAPSHOT_ID] SNAPSHOT_ID
+      checks the server against the CSI spec's stream rules (any
+      SnapshotMetadata server); --missing names a snapshot that does not exist
 
 flags:
 `
@@ -40,16 +44,22 @@ func run(args []string, stdout, stderr io.Writer) int {
 		maxRes   = fs.Int("max-results", 0, "tuples per page (0: the server's choice)")
 		progress = fs.Bool("progress", false, "report progress on stderr every second")
 		timeout  = fs.Duration("timeout", 0, "give up after this long (0: never)")
+		missing  = fs.String("missing", "", "check: a well-formed ID of a snapshot that does not exist, for the NOT_FOUND check")
 	)
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	req := client.Request{StartingOffset: *start, MaxResults: int32(*maxRes)}
+	check := false
 	switch a := fs.Args(); {
 	case len(a) == 2 && a[0] == "allocated":
 		req.Target = a[1]
 	case len(a) == 3 && a[0] == "delta":
 		req.Base, req.Target = a[1], a[2]
+	case len(a) == 2 && a[0] == "check":
+		check, req.Target = true, a[1]
+	case len(a) == 3 && a[0] == "check":
+		check, req.Base, req.Target = true, a[1], a[2]
 	default:
 		fs.Usage()
 		return 2
@@ -84,6 +94,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	defer conn.Close()
+	if check {
+		rep, err := conformance.Run(ctx, conn, conformance.Target{Base: req.Base, Snapshot: req.Target, Missing: *missing, Secrets: req.Secrets})
+		fmt.Fprint(stdout, rep)
+		if err != nil {
+			fmt.Fprintf(stderr, "snapmeta: %v\n", err)
+			return 1
+		}
+		if !rep.OK() {
+			return 1
+		}
+		return 0
+	}
 
 	out := bufio.NewWriter(stdout)
 	defer out.Flush()

@@ -65,6 +65,10 @@ func TestSnapmeta(t *testing.T) {
 	if rc := run([]string{"--endpoint", sock, "allocated", "c/p/i@nope"}, &out, &errOut); rc != 1 || !strings.Contains(errOut.String(), "NotFound") {
 		t.Errorf("missing snapshot: rc %d, %s", rc, errOut.String())
 	}
+	out.Reset()
+	if rc := run([]string{"--endpoint", sock, "--missing", "c/p/i@zz", "check", "c/p/i@a", "c/p/i@b"}, &out, &errOut); rc != 0 || !strings.Contains(out.String(), "PASS  resumed after every tuple") {
+		t.Errorf("check: rc %d:\n%s%s", rc, out.String(), errOut.String())
+	}
 	if rc := run([]string{"allocated"}, &out, &errOut); rc != 2 {
 		t.Errorf("bad usage: rc %d", rc)
 	}
