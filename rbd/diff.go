@@ -28,16 +28,19 @@ type Diff struct {
 	mu       sync.Mutex // serializes Iterate and Close
 	ioctx    *rados.IOContext
 	image    *librbd.Image
-	capacity int64
+	capacity int64 // as the user sees the volume: the image minus header
+	header   int64 // LUKS header before the user's data; 0 unless encrypted
 	closed   bool
 }
 
-// open opens the pool and the image, looks up the snapshot IDs and sets the
-// image to the target snapshot. On error the caller closes d.
+// open opens the pool and the image, looks up the snapshot IDs, sets the
+// image to the target snapshot and finds the LUKS header of a Ceph-CSI
+// encrypted volume (see luksHeaderSize). On error the caller closes d.
 //
 // Implements (through go-ceph): rados_ioctx_create,
 // rados_ioctx_set_namespace, rbd_open_read_only (or rbd_open_by_id_read_only),
-// rbd_snap_get_id, rbd_snap_set_by_id, rbd_get_size.
+// rbd_snap_get_id, rbd_snap_set_by_id, rbd_get_size, rbd_metadata_get,
+// rbd_read.
 func (d *Diff) open() error {
 	t := &d.target
 	ioctx, err := d.cc.conn.OpenIOContext(t.pool)
@@ -47,10 +50,10 @@ func (d *Diff) open() error {
 	d.ioctx = ioctx
 	ioctx.SetNamespace(t.namespace)
 
-	if t.image != "" {
-		d.image, err = librbd.OpenImageReadOnly(ioctx, t.image, librbd.NoSnapshot)
-	} else {
+	if t.imageID != "" {
 		d.image, err = librbd.OpenImageByIdReadOnly(ioctx, t.imageID, librbd.NoSnapshot)
+	} else {
+		d.image, err = librbd.OpenImageReadOnly(ioctx, t.image, librbd.NoSnapshot)
 	}
 	if err != nil {
 		return wrap("open image "+t.imageSpec(), err)
@@ -80,7 +83,14 @@ func (d *Diff) open() error {
 	if size > math.MaxInt64 {
 		return fmt.Errorf("snapshot %s: size %d out of range", t, size)
 	}
-	d.capacity = int64(size)
+	header, err := luksHeaderSize(d.image, size)
+	if err != nil {
+		return fmt.Errorf("encrypted snapshot %s: %w", t, err)
+	}
+	if header > int64(size) {
+		return fmt.Errorf("encrypted snapshot %s: LUKS header of %d bytes is larger than the image (%d bytes)", t, header, size)
+	}
+	d.header, d.capacity = header, int64(size)-header
 	return nil
 }
 
@@ -97,7 +107,8 @@ func (d *Diff) lookupSnap(r *snapRef) error {
 	return nil
 }
 
-// Capacity is the size of the target snapshot in bytes.
+// Capacity is the size of the target snapshot in bytes, as the user sees
+// the volume: without the LUKS header of an encrypted volume.
 func (d *Diff) Capacity() int64 { return d.capacity }
 
 // errStop is what a diff callback returns to librbd to stop the iteration:
@@ -105,7 +116,9 @@ func (d *Diff) Capacity() int64 { return d.capacity }
 const errStop = -int(syscall.ECANCELED)
 
 // Iterate runs one librbd diff-iterate over [offset, Capacity()) and calls
-// fn for each extent, in ascending order and without overlap:
+// fn for each extent, in ascending order and without overlap. Offsets are
+// the user's: for an encrypted volume, offset 0 is the first byte after
+// the LUKS header, and changes to the header itself are not reported:
 //
 //   - allocated (no base): every extent holding data, a clone's parent data
 //     included; extents known to be zero are skipped;
@@ -172,14 +185,25 @@ func (d *Diff) Iterate(ctx context.Context, offset int64, fn func(offset, length
 			kept = err
 			return errStop
 		}
-		if err := fn(int64(off), int64(length)); err != nil {
+		// Shift out the LUKS header; librbd starts at offset+header, so
+		// the clip is only a safeguard.
+		o, l := int64(off), int64(length)
+		if o < d.header {
+			l -= d.header - o
+			o = d.header
+		}
+		if l <= 0 {
+			return 0
+		}
+		if err := fn(o-d.header, l); err != nil {
 			kept = err
 			return errStop
 		}
 		return 0
 	}
 
-	err := d.diffIterate(uint64(offset), uint64(d.capacity-offset), cb)
+	rawOff, rawLen := uint64(offset+d.header), uint64(d.capacity-offset)
+	err := d.diffIterate(rawOff, rawLen, cb)
 	mu.Lock()
 	calledBack := called
 	mu.Unlock()
@@ -187,7 +211,7 @@ func (d *Diff) Iterate(ctx context.Context, offset int64, fn func(offset, length
 		if calledBack {
 			err = wrap(fmt.Sprintf("diff %s from %s", d.target, d.base), err)
 		} else {
-			err = d.diffIterateByName(uint64(offset), uint64(d.capacity-offset), cb)
+			err = d.diffIterateByName(rawOff, rawLen, cb)
 		}
 	}
 	mu.Lock()

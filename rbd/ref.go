@@ -1,7 +1,9 @@
 package rbd
 
 import (
+	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/ceph/go-ceph/rados"
 )
@@ -19,14 +21,22 @@ type reference interface {
 	resolve(cl Cluster, conn func() (*rados.Conn, error)) (snapRef, error)
 }
 
-// parseReference decodes a snapshot ID of any supported form. A malformed ID
+// parseReference decodes a snapshot ID of any supported form: a native ID
+// always contains '/' and '@', a Ceph-CSI handle never does. A malformed ID
 // is an fs.ErrInvalid error.
 func parseReference(s string) (reference, error) {
-	id, err := ParseID(s)
-	if err != nil {
-		return nil, err
+	if strings.ContainsAny(s, "/@") {
+		id, err := ParseID(s)
+		if err != nil {
+			return nil, err
+		}
+		return id, nil
 	}
-	return id, nil
+	h, err := ParseHandle(s)
+	if err != nil {
+		return nil, fmt.Errorf("not a native ID <clusterID>/<pool>[/<namespace>]/<image>@<snapshot> (no '/' or '@'), nor a Ceph-CSI handle: %w", err)
+	}
+	return h, nil
 }
 
 // snapRef locates one snapshot in a cluster. Open works only with snapRefs,
@@ -34,16 +44,28 @@ func parseReference(s string) (reference, error) {
 type snapRef struct {
 	pool      string // pool name
 	namespace string // RADOS namespace, "" for the default one
-	image     string // image name; empty when opened by imageID
-	imageID   string // image ID, used when image is empty
+	image     string // image name, for messages; empty when only imageID is known
+	imageID   string // image ID; when set, the image is opened by ID
 	snapName  string // empty when only snapID is known
 	snapID    uint64 // 0 until looked up by snapName
+
+	// flattened marks a Ceph-CSI snapshot whose clone image was flattened:
+	// the ref names the clone's own snapshot, which shares no history with
+	// the source volume's snapshots.
+	flattened bool
 }
 
-// sameImage reports whether two snapshots belong to the same image.
+// sameImage reports whether two snapshots belong to the same image: by ID
+// when both IDs are known (a handle's source image may have been renamed
+// or moved to the trash since), else by name.
 func (r snapRef) sameImage(o snapRef) bool {
-	return r.pool == o.pool && r.namespace == o.namespace &&
-		r.image == o.image && r.imageID == o.imageID
+	if r.pool != o.pool || r.namespace != o.namespace {
+		return false
+	}
+	if r.imageID != "" && o.imageID != "" {
+		return r.imageID == o.imageID
+	}
+	return r.image != "" && r.image == o.image
 }
 
 // imageSpec names the image for messages: pool[/namespace]/image.

@@ -3,6 +3,7 @@ package rbd
 import (
 	"context"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"io/fs"
 	"time"
@@ -136,6 +137,17 @@ func (s *Source) Open(ctx context.Context, req Request) (_ *Diff, err error) {
 		b, err := base.resolve(cl, lc.get)
 		if err != nil {
 			return nil, fmt.Errorf("resolve base %q: %w", req.Base, err)
+		}
+		// A flattened Ceph-CSI snapshot no longer shares history with the
+		// source volume's other snapshots: nothing to diff against.
+		for _, f := range []struct {
+			id  string
+			ref snapRef
+		}{{req.Base, b}, {req.Target, tref}} {
+			if f.ref.flattened {
+				return nil, fmt.Errorf("snapshot %q was flattened by Ceph-CSI (image %s has no parent), so it cannot be diffed against another snapshot: a full backup is needed (ask for its allocated blocks): %w",
+					f.id, f.ref.imageSpec(), errors.ErrUnsupported)
+			}
 		}
 		if !b.sameImage(tref) {
 			return nil, fmt.Errorf("snapshots of different volumes: base %s, target %s: %w", b, tref, fs.ErrInvalid)

@@ -12,6 +12,9 @@ import (
 	"time"
 )
 
+// socketMode is the unix socket's permissions: owner and group.
+const socketMode = 0o660
+
 // listen opens the endpoint: unix:///path/to.sock (or unix:/path) or
 // tcp://host:port. A stale unix socket, one that nobody answers on, is
 // replaced; a live one is an error, so that two servers never share a
@@ -36,8 +39,18 @@ func listen(endpoint string) (net.Listener, func(), error) {
 		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 			return nil, nil, fmt.Errorf("endpoint %q: %w", endpoint, err)
 		}
+		// Only the owner and its group (the sidecar's container in the
+		// pod) may connect. The umask closes the window between bind and
+		// chmod; the server is not serving yet, so nothing else creates
+		// files meanwhile.
+		old := syscall.Umask(0o117)
 		l, err := net.Listen("unix", path)
+		syscall.Umask(old)
 		if err != nil {
+			return nil, nil, err
+		}
+		if err := os.Chmod(path, socketMode); err != nil {
+			l.Close()
 			return nil, nil, err
 		}
 		// The Listener removes the file when closed; this makes sure of it

@@ -166,7 +166,10 @@ func TestPanicIsInternal(t *testing.T) {
 }
 
 func TestHealth(t *testing.T) {
-	_, _, conn := start(t, source())
+	sock, _, conn := start(t, source())
+	if fi, err := os.Stat(sock); err != nil || fi.Mode().Perm() != 0o660 || fi.Mode()&os.ModeSocket == 0 {
+		t.Errorf("socket %v, %v; want a socket with mode 0660", fi.Mode(), err)
+	}
 	r, err := healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{})
 	if err != nil || r.Status != healthpb.HealthCheckResponse_SERVING {
 		t.Fatalf("health = %v, %v", r, err)
