@@ -15,6 +15,7 @@ import (
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/driver"
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/metrics"
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd/rbddriver"
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/server"
 )
 
@@ -72,7 +73,7 @@ func run(args []string) int {
 	})
 	defer src.Close()
 	m := metrics.New(func() float64 { return float64(src.Stats().Conns) })
-	drv, err := driver.New(source{src}, driver.Options{
+	drv, err := driver.New(rbddriver.New(src), driver.Options{
 		Name:              *driverName,
 		Version:           version,
 		BlockMetadataType: csi.BlockMetadataType(typ),

@@ -1,4 +1,7 @@
-package main
+// Package rbddriver serves rbd's snapshots through the driver: it adapts
+// rbd.Source to driver.Source. The two packages share no types, so that rbd
+// needs neither gRPC nor the driver, and the driver no cgo.
+package rbddriver
 
 import (
 	"context"
@@ -7,9 +10,9 @@ import (
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd"
 )
 
-// source adapts rbd.Source to driver.Source. The two packages share no
-// types, so that rbd needs neither gRPC nor the driver, and the driver no
-// cgo.
+// New returns src as a driver.Source.
+func New(src *rbd.Source) driver.Source { return source{src} }
+
 type source struct{ src *rbd.Source }
 
 func (s source) Open(ctx context.Context, req driver.OpenRequest) (driver.Diff, error) {
