@@ -6,6 +6,8 @@
 #   ./dev.sh test     unit tests, then e2e tests against a fresh real cluster
 #   ./dev.sh unit     gofmt, go vet, unit tests (the driver also without cgo), -race
 #   ./dev.sh e2e [go test args]   e2e tests only
+#   ./dev.sh image [go test args]   build as the Dockerfile does (in the Debian 13
+#                     rootfs), then run e2e tests with that binary
 #   ./dev.sh build    bin/rbd-snapshot-metadata (cgo, librbd) and bin/snapmeta (pure Go)
 #   ./dev.sh deps     the host packages the build needs
 #
@@ -19,7 +21,7 @@ export CGO_ENABLED=1
 
 deps() {
 	local need=() p
-	for p in librbd-dev librados-dev debootstrap zstd; do
+	for p in librbd-dev librados-dev debootstrap zstd openssl; do
 		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || need+=("$p")
 	done
 	[ ${#need[@]} -eq 0 ] && return
@@ -53,6 +55,8 @@ unit() {
 	# driver, server and client must build and pass without cgo.
 	CGO_ENABLED=0 go test -count=1 ./driver/... ./server/... ./client/... ./metrics/... ./cmd/snapmeta/
 	go test -count=1 -race -tags "$TAGS" ./...
+	# The Kubernetes manifests, in a module of their own (k8s.io deps).
+	(cd deploy && go vet ./... && go test -count=1 ./...)
 }
 
 e2e() {
@@ -63,7 +67,8 @@ e2e() {
 case "${1:-}" in
 deps | build | unit | lint) "$1" ;;
 e2e) shift; e2e "$@" ;;
-test) unit; e2e ;;
+image) shift; e2e/image-build-test.sh "$@" ;;
+test) unit; e2e; e2e/image-build-test.sh ;;
 demo) build; e2e/demo.sh ;;
 *) sed -n '2,16s/^# \{0,1\}//p' "$0" >&2; exit 2 ;;
 esac

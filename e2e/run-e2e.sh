@@ -27,8 +27,8 @@ set -a
 . "$CLUSTER/env"
 set +a
 # The tests run the server binary (./dev.sh build) inside the rootfs.
-export RSM_SERVER_BIN="$PWD/bin/rbd-snapshot-metadata"
-export RSM_BIND="$CLUSTER $PWD/bin${RSM_BIND:+ $RSM_BIND}"
+export RSM_SERVER_BIN="${RSM_SERVER_BIN:-$PWD/bin/rbd-snapshot-metadata}"
+export RSM_BIND="$CLUSTER $(dirname "$RSM_SERVER_BIN")${RSM_BIND:+ $RSM_BIND}"
 rc=0
 go test -tags pacific,e2e -count=1 -exec "$HERE/exec.sh" ./e2e/... "$@" || rc=$?
 exit $rc

@@ -1,0 +1,686 @@
+// Package deploy_test builds each example kustomization offline, the way the
+// README tells users to (gen-certs.sh, then kustomize), decodes every object
+// strictly into the Kubernetes API types, and checks that the pieces refer to
+// each other correctly: socket, volumes, ports, service account, TLS and the
+// SnapshotMetadataService CR.
+package deploy_test
+
+import (
+	"bytes"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"sigs.k8s.io/kustomize/api/krusty"
+	"sigs.k8s.io/kustomize/kyaml/filesys"
+	"sigs.k8s.io/yaml"
+)
+
+const (
+	ourContainer     = "rbd-snapshot-metadata"
+	sidecarContainer = "csi-snapshot-metadata"
+	sidecarImage     = "registry.k8s.io/sig-storage/csi-snapshot-metadata:v1.0.0"
+	serviceName      = "csi-rbdplugin-snapshot-metadata"
+	sidecarRole      = "rbd-csi-snapshot-metadata-runner"
+	clientRole       = "external-snapshot-metadata-client-runner"
+	metricsPort      = 9191
+)
+
+// SnapshotMetadataService mirrors the CRD cbt.storage.k8s.io/v1beta1 of
+// external-snapshot-metadata v1.0.0: unknown fields fail the strict decode.
+type SnapshotMetadataService struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		Address  string `json:"address"`
+		CACert   []byte `json:"caCert"` // format: byte (base64)
+		Audience string `json:"audience"`
+	} `json:"spec"`
+}
+
+// The parts of cert-manager.io/v1 that the cert-manager component uses.
+type Issuer struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		CA *struct {
+			SecretName string `json:"secretName"`
+		} `json:"ca"`
+	} `json:"spec"`
+}
+
+type Certificate struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		SecretName  string   `json:"secretName"`
+		DNSNames    []string `json:"dnsNames"`
+		Duration    string   `json:"duration"`
+		RenewBefore string   `json:"renewBefore"`
+		IssuerRef   struct {
+			Name string `json:"name"`
+			Kind string `json:"kind"`
+		} `json:"issuerRef"`
+		PrivateKey struct {
+			Algorithm      string `json:"algorithm"`
+			Size           int    `json:"size"`
+			RotationPolicy string `json:"rotationPolicy"`
+		} `json:"privateKey"`
+		Usages []string `json:"usages"`
+	} `json:"spec"`
+}
+
+// objects is one kustomize build, decoded.
+type objects struct {
+	deployments  []appsv1.Deployment
+	services     []corev1.Service
+	secrets      []corev1.Secret
+	accounts     []corev1.ServiceAccount
+	roles        []rbacv1.ClusterRole
+	bindings     []rbacv1.ClusterRoleBinding
+	sms          []SnapshotMetadataService
+	issuers      []Issuer
+	certificates []Certificate
+}
+
+func TestExamples(t *testing.T) {
+	for _, example := range []string{"ceph-csi", "rook", "cert-manager"} {
+		t.Run(example, func(t *testing.T) {
+			objs := build(t, example)
+			check(t, objs)
+		})
+	}
+}
+
+// build copies deploy/ to a temporary folder, runs gen-certs.sh for the
+// example's namespace into the example's certs/ (the README's first step),
+// and builds the example with kustomize's library, on disk, offline.
+func build(t *testing.T, example string) *objects {
+	t.Helper()
+	root := t.TempDir()
+	for _, d := range []string{"components", "examples", "standalone", "testdata"} {
+		if err := os.CopyFS(filepath.Join(root, d), os.DirFS(d)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dir := filepath.Join(root, "examples", example)
+	_ = os.RemoveAll(filepath.Join(dir, "certs")) // a developer's own
+	k, err := os.ReadFile(filepath.Join(dir, "kustomization.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kust struct {
+		Namespace string `json:"namespace"`
+	}
+	if err := yaml.Unmarshal(k, &kust); err != nil || kust.Namespace == "" {
+		t.Fatalf("%s: no namespace in kustomization.yaml (%v)", example, err)
+	}
+	if _, err := exec.LookPath("openssl"); err != nil {
+		t.Fatal("gen-certs.sh needs openssl: apt-get install openssl")
+	}
+	out, err := exec.Command("./gen-certs.sh", "-n", kust.Namespace, filepath.Join(dir, "certs")).CombinedOutput()
+	if err != nil {
+		t.Fatalf("gen-certs.sh: %v\n%s", err, out)
+	}
+	m, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), dir)
+	if err != nil {
+		t.Fatalf("kustomize build %s: %v", example, err)
+	}
+	objs := &objects{}
+	for _, r := range m.Resources() {
+		b, err := r.AsYAML()
+		if err != nil {
+			t.Fatal(err)
+		}
+		decode(t, b, objs)
+		if ns := r.GetNamespace(); ns != "" && ns != kust.Namespace {
+			t.Errorf("%s %s in namespace %q, want %q", r.GetKind(), r.GetName(), ns, kust.Namespace)
+		}
+	}
+	return objs
+}
+
+// decode decodes one object strictly (unknown or duplicate fields fail) into
+// its API type, by apiVersion and kind.
+func decode(t *testing.T, b []byte, objs *objects) {
+	t.Helper()
+	var tm metav1.TypeMeta
+	if err := yaml.Unmarshal(b, &tm); err != nil {
+		t.Fatal(err)
+	}
+	strict := func(v any) {
+		if err := yaml.UnmarshalStrict(b, v); err != nil {
+			t.Errorf("%s %s: %v\n%s", tm.APIVersion, tm.Kind, err, b)
+		}
+	}
+	switch tm.APIVersion + " " + tm.Kind {
+	case "apps/v1 Deployment":
+		var o appsv1.Deployment
+		strict(&o)
+		objs.deployments = append(objs.deployments, o)
+	case "v1 Service":
+		var o corev1.Service
+		strict(&o)
+		objs.services = append(objs.services, o)
+	case "v1 Secret":
+		var o corev1.Secret
+		strict(&o)
+		objs.secrets = append(objs.secrets, o)
+	case "v1 ServiceAccount":
+		var o corev1.ServiceAccount
+		strict(&o)
+		objs.accounts = append(objs.accounts, o)
+	case "rbac.authorization.k8s.io/v1 ClusterRole":
+		var o rbacv1.ClusterRole
+		strict(&o)
+		objs.roles = append(objs.roles, o)
+	case "rbac.authorization.k8s.io/v1 ClusterRoleBinding":
+		var o rbacv1.ClusterRoleBinding
+		strict(&o)
+		objs.bindings = append(objs.bindings, o)
+	case "cbt.storage.k8s.io/v1beta1 SnapshotMetadataService":
+		var o SnapshotMetadataService
+		strict(&o)
+		objs.sms = append(objs.sms, o)
+	case "cert-manager.io/v1 Issuer":
+		var o Issuer
+		strict(&o)
+		objs.issuers = append(objs.issuers, o)
+	case "cert-manager.io/v1 Certificate":
+		var o Certificate
+		strict(&o)
+		objs.certificates = append(objs.certificates, o)
+	default:
+		t.Errorf("unexpected object %s %s", tm.APIVersion, tm.Kind)
+	}
+}
+
+func check(t *testing.T, objs *objects) {
+	// The Deployment that carries our server.
+	var dep *appsv1.Deployment
+	for i := range objs.deployments {
+		if container(&objs.deployments[i].Spec.Template.Spec, ourContainer) != nil {
+			if dep != nil {
+				t.Fatalf("two Deployments carry %s", ourContainer)
+			}
+			dep = &objs.deployments[i]
+		}
+	}
+	if dep == nil {
+		t.Fatalf("no Deployment carries %s", ourContainer)
+	}
+	pod := &dep.Spec.Template.Spec
+	ours, side := container(pod, ourContainer), container(pod, sidecarContainer)
+	if side == nil {
+		t.Fatalf("Deployment %s has no %s container", dep.Name, sidecarContainer)
+	}
+	oa, sa := flags(t, ours), flags(t, side)
+
+	// Unique names; every mount names a volume of the pod.
+	vols := map[string]*corev1.Volume{}
+	for i, v := range pod.Volumes {
+		if vols[v.Name] != nil {
+			t.Errorf("volume %s defined twice", v.Name)
+		}
+		vols[v.Name] = &pod.Volumes[i]
+	}
+	names := map[string]bool{}
+	for _, c := range pod.Containers {
+		if names[c.Name] {
+			t.Errorf("container %s defined twice", c.Name)
+		}
+		names[c.Name] = true
+		for _, m := range c.VolumeMounts {
+			if vols[m.Name] == nil {
+				t.Errorf("container %s mounts %s, which is no volume of the pod", c.Name, m.Name)
+			}
+		}
+	}
+
+	// The socket: our --endpoint is the sidecar's --csi-address, in a volume
+	// that both mount (an emptyDir of their own).
+	sock, ok := strings.CutPrefix(oa["endpoint"], "unix://")
+	if !ok {
+		t.Fatalf("%s --endpoint=%q: want unix:///path", ourContainer, oa["endpoint"])
+	}
+	if got := strings.TrimPrefix(sa["csi-address"], "unix://"); got != sock {
+		t.Errorf("sidecar --csi-address=%q, server listens on %q", sa["csi-address"], sock)
+	}
+	ov, sv := mountOf(ours, sock), mountOf(side, sock)
+	if ov == nil || sv == nil || ov.Name != sv.Name {
+		t.Errorf("the socket %s is not in one volume mounted by both containers (%v, %v)", sock, ov, sv)
+	} else {
+		if ov.ReadOnly || sv.ReadOnly {
+			t.Errorf("socket volume %s mounted read-only", ov.Name)
+		}
+		if v := vols[ov.Name]; v == nil || v.EmptyDir == nil {
+			t.Errorf("socket volume %s is not an emptyDir", ov.Name)
+		}
+		for _, c := range pod.Containers {
+			if c.Name != ourContainer && c.Name != sidecarContainer && mountOfVolume(&c, ov.Name) {
+				t.Errorf("container %s also mounts the socket volume %s", c.Name, ov.Name)
+			}
+		}
+	}
+
+	// The cluster config: a ConfigMap volume holding the file --clusterconfig names.
+	cfg := oa["clusterconfig"]
+	if m := mountOf(ours, cfg); m == nil {
+		t.Errorf("--clusterconfig=%s is in no mount of %s", cfg, ourContainer)
+	} else if v := vols[m.Name]; v == nil || v.ConfigMap == nil || v.ConfigMap.Name == "" {
+		t.Errorf("--clusterconfig=%s: volume %s is not a ConfigMap", cfg, m.Name)
+	} else {
+		rel, _ := filepath.Rel(m.MountPath, cfg)
+		if len(v.ConfigMap.Items) > 0 {
+			found := false
+			for _, it := range v.ConfigMap.Items {
+				found = found || it.Path == rel
+			}
+			if !found {
+				t.Errorf("ConfigMap volume %s has no item at %s", m.Name, rel)
+			}
+		} else if rel != "config.json" {
+			t.Errorf("--clusterconfig=%s: Ceph-CSI's ConfigMap key is config.json", cfg)
+		}
+		if !m.ReadOnly {
+			t.Errorf("%s mounts the cluster config read-write", ourContainer)
+		}
+	}
+
+	// The socket is 0660: both containers non-root, in the same group.
+	for _, c := range []*corev1.Container{ours, side} {
+		sc := c.SecurityContext
+		if sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot || sc.RunAsUser == nil || *sc.RunAsUser == 0 ||
+			sc.RunAsGroup == nil || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+			t.Errorf("container %s: want runAsNonRoot, runAsUser and runAsGroup set, no privilege escalation", c.Name)
+		}
+	}
+	if g1, g2 := ours.SecurityContext.RunAsGroup, side.SecurityContext.RunAsGroup; g1 != nil && g2 != nil && *g1 != *g2 {
+		t.Errorf("runAsGroup %d and %d differ: the sidecar cannot open the server's 0660 socket", *g1, *g2)
+	}
+	if u := dockerfileUser(t); ours.SecurityContext.RunAsUser != nil && strconv.FormatInt(*ours.SecurityContext.RunAsUser, 10) != u {
+		t.Errorf("runAsUser %d, the image's USER is %s", *ours.SecurityContext.RunAsUser, u)
+	}
+
+	// Flags that the server does not define would stop it at start.
+	known := serverFlags(t)
+	for f := range oa {
+		if !known[f] {
+			t.Errorf("%s: flag --%s is not one of the server's", ourContainer, f)
+		}
+	}
+
+	// Images: pinned.
+	if side.Image != sidecarImage {
+		t.Errorf("sidecar image %s, want %s", side.Image, sidecarImage)
+	}
+	if i := strings.LastIndex(ours.Image, ":"); i < 0 || strings.Contains(ours.Image[i:], "/") || ours.Image[i+1:] == "latest" {
+		t.Errorf("image %s: want a pinned tag", ours.Image)
+	}
+
+	// Ports: unique in the pod; metrics as the brief for Prometheus says.
+	ports := map[int32]string{}
+	for _, c := range pod.Containers {
+		for _, p := range c.Ports {
+			if other, dup := ports[p.ContainerPort]; dup {
+				t.Errorf("port %d used by %s and %s", p.ContainerPort, other, c.Name)
+			}
+			ports[p.ContainerPort] = c.Name
+		}
+	}
+	if p := port(ours, "metrics"); p == nil || p.ContainerPort != metricsPort || portOf(t, oa["metrics-address"]) != metricsPort {
+		t.Errorf("%s: want port %d named metrics and --metrics-address=:%d", ourContainer, metricsPort, metricsPort)
+	}
+	grpcPort, err := strconv.Atoi(sa["port"])
+	if err != nil {
+		t.Fatalf("sidecar --port=%q", sa["port"])
+	}
+	httpPort := portOf(t, sa["http-endpoint"])
+	if owner, used := ports[int32(httpPort)]; used && owner != sidecarContainer {
+		t.Errorf("sidecar --http-endpoint port %d is %s's", httpPort, owner)
+	}
+	if rp := side.ReadinessProbe; rp == nil || rp.HTTPGet == nil || rp.HTTPGet.Path != "/health" || resolve(side, rp.HTTPGet.Port) != httpPort {
+		t.Errorf("sidecar readiness probe: want GET /health on port %d", httpPort)
+	}
+	for _, f := range []string{"tls-cert", "tls-key"} {
+		if sa[f] == "" {
+			t.Errorf("sidecar --%s not set", f)
+		}
+	}
+
+	// The Service: selects this pod, forwards to the sidecar's gRPC port.
+	svc := find(objs.services, func(s corev1.Service) bool { return s.Name == serviceName })
+	if svc == nil {
+		t.Fatalf("no Service %s", serviceName)
+	}
+	if len(svc.Spec.Selector) == 0 {
+		t.Errorf("Service %s selects nothing", svc.Name)
+	}
+	for k, v := range svc.Spec.Selector {
+		if dep.Spec.Template.Labels[k] != v || dep.Spec.Selector.MatchLabels[k] != v {
+			t.Errorf("Service selector %s=%s does not match Deployment %s", k, v, dep.Name)
+		}
+	}
+	if svc.Namespace != dep.Namespace {
+		t.Errorf("Service in %q, Deployment in %q", svc.Namespace, dep.Namespace)
+	}
+	if len(svc.Spec.Ports) != 1 {
+		t.Fatalf("Service %s: want one port, got %d", svc.Name, len(svc.Spec.Ports))
+	}
+	sp := svc.Spec.Ports[0]
+	if resolve(side, sp.TargetPort) != grpcPort {
+		t.Errorf("Service targetPort %s is not the sidecar's --port %d", sp.TargetPort.String(), grpcPort)
+	}
+
+	// The CR: named after the driver, cluster-scoped, the Service's address.
+	if len(objs.sms) != 1 {
+		t.Fatalf("want one SnapshotMetadataService, got %d", len(objs.sms))
+	}
+	sms := objs.sms[0]
+	if sms.Namespace != "" {
+		t.Errorf("SnapshotMetadataService is cluster-scoped, has namespace %q", sms.Namespace)
+	}
+	if driver := expand(ours, oa["drivername"]); driver != sms.Name {
+		t.Errorf("server --drivername=%s, SnapshotMetadataService %s: both must be the CSI driver's name", driver, sms.Name)
+	}
+	host := svc.Name + "." + svc.Namespace
+	if want := net.JoinHostPort(host, strconv.Itoa(int(sp.Port))); sms.Spec.Address != want {
+		t.Errorf("SnapshotMetadataService address %q, want %q", sms.Spec.Address, want)
+	}
+	if sms.Spec.Audience == "" {
+		t.Error("SnapshotMetadataService has no audience")
+	}
+	ca := x509.NewCertPool()
+	if !ca.AppendCertsFromPEM(sms.Spec.CACert) {
+		t.Fatalf("SnapshotMetadataService caCert is no PEM certificate: %q", sms.Spec.CACert)
+	}
+
+	// TLS: the Secret the sidecar mounts is the serving certificate for the
+	// Service's name, signed by the CR's CA (kustomize-generated), or the one
+	// a cert-manager Certificate for that name writes.
+	tm := mountOf(side, sa["tls-cert"])
+	if tm == nil || mountOf(side, sa["tls-key"]) != tm || vols[tm.Name] == nil || vols[tm.Name].Secret == nil {
+		t.Fatalf("sidecar --tls-cert and --tls-key are not in one Secret volume")
+	}
+	secretName := vols[tm.Name].Secret.SecretName
+	certFile, _ := filepath.Rel(tm.MountPath, sa["tls-cert"])
+	keyFile, _ := filepath.Rel(tm.MountPath, sa["tls-key"])
+	if certFile != corev1.TLSCertKey || keyFile != corev1.TLSPrivateKeyKey {
+		t.Errorf("sidecar reads %s and %s, a TLS Secret holds %s and %s", certFile, keyFile, corev1.TLSCertKey, corev1.TLSPrivateKeyKey)
+	}
+	if s := find(objs.secrets, func(s corev1.Secret) bool { return s.Name == secretName }); s != nil {
+		if s.Type != corev1.SecretTypeTLS {
+			t.Errorf("Secret %s has type %s", s.Name, s.Type)
+		}
+		pair, err := tls.X509KeyPair(s.Data[corev1.TLSCertKey], s.Data[corev1.TLSPrivateKeyKey])
+		if err != nil {
+			t.Fatalf("Secret %s: %v", s.Name, err)
+		}
+		leaf, err := x509.ParseCertificate(pair.Certificate[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := leaf.Verify(x509.VerifyOptions{DNSName: host, Roots: ca, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
+			t.Errorf("Secret %s's certificate for %s with the CR's CA: %v", s.Name, host, err)
+		}
+	} else if c := find(objs.certificates, func(c Certificate) bool { return c.Spec.SecretName == secretName }); c != nil {
+		if !slices.Contains(c.Spec.DNSNames, host) {
+			t.Errorf("Certificate %s: dnsNames %v lack %s", c.Name, c.Spec.DNSNames, host)
+		}
+		iss := find(objs.issuers, func(i Issuer) bool { return i.Name == c.Spec.IssuerRef.Name })
+		if iss == nil || c.Spec.IssuerRef.Kind != "Issuer" || iss.Spec.CA == nil {
+			t.Fatalf("Certificate %s: no CA Issuer %s", c.Name, c.Spec.IssuerRef.Name)
+		}
+		kp := find(objs.secrets, func(s corev1.Secret) bool { return s.Name == iss.Spec.CA.SecretName })
+		if kp == nil {
+			t.Fatalf("Issuer %s: no Secret %s", iss.Name, iss.Spec.CA.SecretName)
+		}
+		if _, err := tls.X509KeyPair(kp.Data[corev1.TLSCertKey], kp.Data[corev1.TLSPrivateKeyKey]); err != nil {
+			t.Errorf("Secret %s: %v", kp.Name, err)
+		}
+		if !bytes.Equal(kp.Data[corev1.TLSCertKey], sms.Spec.CACert) {
+			t.Errorf("the Issuer's CA (Secret %s) is not the SnapshotMetadataService's caCert", kp.Name)
+		}
+	} else {
+		t.Errorf("the sidecar mounts Secret %s, which is neither built here nor a Certificate's", secretName)
+	}
+	for _, s := range objs.secrets {
+		if _, local := s.Annotations["config.kubernetes.io/local-config"]; local {
+			t.Errorf("Secret %s is local-config but in the output", s.Name)
+		}
+		if block, _ := pem.Decode(s.Data[corev1.TLSPrivateKeyKey]); block != nil && s.Name == secretName && s.Type != corev1.SecretTypeTLS {
+			t.Errorf("Secret %s holds a key but is not of type TLS", s.Name)
+		}
+	}
+
+	// RBAC: the sidecar's role, bound to the pod's service account.
+	role := find(objs.roles, func(r rbacv1.ClusterRole) bool { return r.Name == sidecarRole })
+	if role == nil {
+		t.Fatalf("no ClusterRole %s", sidecarRole)
+	}
+	for _, need := range []struct{ group, resource, verb string }{
+		{"cbt.storage.k8s.io", "snapshotmetadataservices", "get"},
+		{"cbt.storage.k8s.io", "snapshotmetadataservices", "list"},
+		{"cbt.storage.k8s.io", "snapshotmetadataservices", "watch"},
+		{"authentication.k8s.io", "tokenreviews", "create"},
+		{"authorization.k8s.io", "subjectaccessreviews", "create"},
+		{"snapshot.storage.k8s.io", "volumesnapshots", "get"},
+		{"snapshot.storage.k8s.io", "volumesnapshots", "list"},
+		{"snapshot.storage.k8s.io", "volumesnapshotcontents", "get"},
+		{"snapshot.storage.k8s.io", "volumesnapshotcontents", "list"},
+		{"snapshot.storage.k8s.io", "volumesnapshotclasses", "get"},
+		{"snapshot.storage.k8s.io", "volumesnapshotclasses", "list"},
+		{"", "secrets", "get"},
+	} {
+		if !allows(role.Rules, need.group, need.resource, need.verb) {
+			t.Errorf("ClusterRole %s does not allow %s %s.%s", role.Name, need.verb, need.resource, need.group)
+		}
+	}
+	account := dep.Spec.Template.Spec.ServiceAccountName
+	if account == "" {
+		t.Errorf("Deployment %s names no service account", dep.Name)
+	}
+	bound := false
+	for _, b := range objs.bindings {
+		if b.RoleRef.Kind != "ClusterRole" || b.RoleRef.Name != sidecarRole {
+			continue
+		}
+		for _, s := range b.Subjects {
+			if s.Kind == "ServiceAccount" && s.Name == account && s.Namespace == dep.Namespace {
+				bound = true
+			} else {
+				t.Errorf("ClusterRoleBinding %s binds %s %s/%s, not the pod's service account %s/%s",
+					b.Name, s.Kind, s.Namespace, s.Name, dep.Namespace, account)
+			}
+		}
+	}
+	if !bound {
+		t.Errorf("no ClusterRoleBinding gives %s to %s/%s", sidecarRole, dep.Namespace, account)
+	}
+	if len(objs.accounts) > 0 && find(objs.accounts, func(a corev1.ServiceAccount) bool { return a.Name == account }) == nil {
+		t.Errorf("service account %s is not among the ServiceAccounts built", account)
+	}
+	client := find(objs.roles, func(r rbacv1.ClusterRole) bool { return r.Name == clientRole })
+	if client == nil {
+		t.Fatalf("no ClusterRole %s", clientRole)
+	}
+	for _, need := range [][3]string{
+		{"snapshot.storage.k8s.io", "volumesnapshots", "get"},
+		{"cbt.storage.k8s.io", "snapshotmetadataservices", "list"},
+		{"", "serviceaccounts/token", "create"},
+	} {
+		if !allows(client.Rules, need[0], need[1], need[2]) {
+			t.Errorf("ClusterRole %s does not allow %s %s.%s", clientRole, need[2], need[1], need[0])
+		}
+	}
+}
+
+func container(pod *corev1.PodSpec, name string) *corev1.Container {
+	for i := range pod.Containers {
+		if pod.Containers[i].Name == name {
+			return &pod.Containers[i]
+		}
+	}
+	return nil
+}
+
+// flags returns a container's --name=value arguments, $(VAR)s expanded.
+func flags(t *testing.T, c *corev1.Container) map[string]string {
+	t.Helper()
+	m := map[string]string{}
+	for _, a := range append(slices.Clone(c.Command), c.Args...) {
+		name, value, ok := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if !strings.HasPrefix(a, "-") || !ok {
+			t.Errorf("container %s: argument %q is not --flag=value", c.Name, a)
+			continue
+		}
+		m[name] = value
+	}
+	return m
+}
+
+var varRef = regexp.MustCompile(`\$\(([A-Za-z_][A-Za-z0-9_]*)\)`)
+
+// expand replaces $(VAR) with the container's literal env value.
+func expand(c *corev1.Container, s string) string {
+	return varRef.ReplaceAllStringFunc(s, func(ref string) string {
+		name := varRef.FindStringSubmatch(ref)[1]
+		for _, e := range c.Env {
+			if e.Name == name && e.ValueFrom == nil {
+				return e.Value
+			}
+		}
+		return ref
+	})
+}
+
+// mountOf is the mount that holds path (the longest matching mount path).
+func mountOf(c *corev1.Container, path string) *corev1.VolumeMount {
+	var best *corev1.VolumeMount
+	for i, m := range c.VolumeMounts {
+		mp := strings.TrimSuffix(m.MountPath, "/")
+		if strings.HasPrefix(path, mp+"/") && (best == nil || len(mp) > len(strings.TrimSuffix(best.MountPath, "/"))) {
+			best = &c.VolumeMounts[i]
+		}
+	}
+	return best
+}
+
+func mountOfVolume(c *corev1.Container, volume string) bool {
+	for _, m := range c.VolumeMounts {
+		if m.Name == volume {
+			return true
+		}
+	}
+	return false
+}
+
+func port(c *corev1.Container, name string) *corev1.ContainerPort {
+	for i := range c.Ports {
+		if c.Ports[i].Name == name {
+			return &c.Ports[i]
+		}
+	}
+	return nil
+}
+
+// resolve turns a named or numbered port of c into its number (0: none).
+func resolve(c *corev1.Container, p intstr.IntOrString) int {
+	if p.Type == intstr.Int {
+		return int(p.IntVal)
+	}
+	if cp := port(c, p.StrVal); cp != nil {
+		return int(cp.ContainerPort)
+	}
+	return 0
+}
+
+// portOf is the port of a host:port flag value, $(VAR) hosts allowed.
+func portOf(t *testing.T, hostport string) int {
+	t.Helper()
+	_, p, err := net.SplitHostPort(hostport)
+	if err != nil {
+		t.Errorf("%q: %v", hostport, err)
+		return 0
+	}
+	n, _ := strconv.Atoi(p)
+	return n
+}
+
+func allows(rules []rbacv1.PolicyRule, group, resource, verb string) bool {
+	for _, r := range rules {
+		if (slices.Contains(r.APIGroups, group) || slices.Contains(r.APIGroups, "*")) &&
+			(slices.Contains(r.Resources, resource) || slices.Contains(r.Resources, "*")) &&
+			(slices.Contains(r.Verbs, verb) || slices.Contains(r.Verbs, "*")) {
+			return true
+		}
+	}
+	return false
+}
+
+func find[T any](list []T, ok func(T) bool) *T {
+	for i := range list {
+		if ok(list[i]) {
+			return &list[i]
+		}
+	}
+	return nil
+}
+
+// serverFlags are the flags rbd-snapshot-metadata defines (its flag.FlagSet
+// calls in cmd/rbd-snapshot-metadata) plus klog's.
+func serverFlags(t *testing.T) map[string]bool {
+	t.Helper()
+	files, _ := filepath.Glob("../cmd/rbd-snapshot-metadata/*.go")
+	def := regexp.MustCompile(`fs\.(?:String|Bool|Int|Int64|Uint|Uint64|Float64|Duration|Var|Func)\(\s*(?:[^,"]+,\s*)?"([a-z0-9-]+)"`)
+	known := map[string]bool{"v": true, "vmodule": true, "logtostderr": true}
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range def.FindAllSubmatch(b, -1) {
+			known[string(m[1])] = true
+		}
+	}
+	if len(known) < 6 {
+		t.Fatalf("found only %d flags in ../cmd/rbd-snapshot-metadata", len(known))
+	}
+	return known
+}
+
+// dockerfileUser is the runtime stage's USER uid in ../Dockerfile.
+func dockerfileUser(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile("../Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	user := ""
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) == 2 && f[0] == "USER" {
+			user, _, _ = strings.Cut(f[1], ":")
+		}
+	}
+	if user == "" {
+		t.Fatal("../Dockerfile has no USER")
+	}
+	return user
+}
