@@ -9,13 +9,36 @@
 //
 // # Snapshot IDs
 //
-// A snapshot ID is <clusterID>/<pool>[/<radosNamespace>]/<image>@<snapshot>
-// (see ParseID). The cluster ID selects an entry of Ceph-CSI's cluster
-// config file (ParseConfig), which gives the monitors and the default RADOS
-// namespace. IDs decode to a reference, which resolves to a snapRef once
-// the cluster is connected; Open works only with snapRefs, so that other ID
-// forms (Ceph-CSI's snapshot handles, resolved through its omap journal)
-// can be added as new references.
+// A snapshot ID is either native, <clusterID>/<pool>[/<radosNamespace>]/<image>@<snapshot>
+// (see ParseID), or a Ceph-CSI snapshot handle,
+// 0001-LLLL-<clusterID>-<poolID>-<uuid> (see ParseHandle), as the sidecar
+// sends it. Native IDs always contain '/' and '@', handles never do. The
+// cluster ID selects an entry of Ceph-CSI's cluster config file
+// (ParseConfig), which gives the monitors and the RADOS namespace. IDs
+// decode to a reference, which resolves to a snapRef once the cluster is
+// connected; Open works only with snapRefs.
+//
+// A handle resolves through Ceph-CSI's journal: the omap object
+// csi.snap.<uuid> in the pool with that ID, in the cluster's namespace,
+// names the snapshot's clone image csi-snap-<uuid>. Ceph-CSI took a
+// snapshot of the source volume, cloned it and deleted it, so the clone's
+// parent, a snapshot in the source's trash namespace reachable only by ID,
+// holds what the snapshot captured: allocated blocks are read there (with
+// the source's own parents), and a delta between two handles is a diff by
+// snapshot ID on the source image (rbd_diff_iterate3, Ceph reef 18.2+;
+// without it, errors.ErrUnsupported). Once Ceph-CSI has flattened the clone
+// it has no parent: its allocated blocks are read from the clone's own
+// snapshot, and a delta with it is errors.ErrUnsupported (a full backup is
+// needed). Handles and native IDs of the same image can be mixed.
+//
+// # Encrypted volumes
+//
+// For an image that Ceph-CSI marks block-encrypted (image metadata
+// rbd.csi.ceph.com/encrypted), offsets and capacity are the user's: the
+// LUKS header (its size read from the LUKS1/LUKS2 header in the snapshot,
+// else from rbd.csi.ceph.com/luks2HeaderSize, else Ceph-CSI's 16 MiB) is
+// cut off, extents are shifted by it, and changes inside it are not
+// reported.
 //
 // # Connections
 //
@@ -32,13 +55,15 @@
 // or directory") and never contains a key. Errors are classified by
 // wrapping the standard sentinels, tested with errors.Is:
 //
-//	fs.ErrNotExist          cluster ID, pool, namespace, image or snapshot unknown
+//	fs.ErrNotExist          cluster ID, pool, namespace, image or snapshot unknown;
+//	                        a handle that names a volume or nothing
 //	fs.ErrInvalid           malformed ID, secrets missing, base not older than
 //	                        target, snapshots of different volumes, bad offset
 //	fs.ErrPermission        the cephx user was refused; also a monitor that
 //	                        accepts TCP connections but gives no session in
 //	                        time, which is how reef reports a wrong key
-//	errors.ErrUnsupported   librbd cannot do this diff (rbd_diff_iterate3 needed)
+//	errors.ErrUnsupported   librbd cannot do this diff (rbd_diff_iterate3 needed);
+//	                        a delta with a flattened Ceph-CSI snapshot
 //	os.ErrDeadlineExceeded  the monitors are unreachable, or librados timed out
 //
 // Context errors and the errors of Iterate's callback are returned as they
