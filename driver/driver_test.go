@@ -359,9 +359,11 @@ func TestIdentity(t *testing.T) {
 	if p, err := id.Probe(ctx, &csi.ProbeRequest{}); err != nil || !p.GetReady().GetValue() {
 		t.Errorf("Probe = %v, %v, want ready", p, err)
 	}
+	// Not ready is ready=false, not an error: the sidecar waits on the
+	// former and exits on the latter.
 	notReady = errors.New("cluster config unreadable")
-	if _, err := id.Probe(ctx, &csi.ProbeRequest{}); status.Code(err) != codes.FailedPrecondition {
-		t.Errorf("Probe when not ready: %v, want FailedPrecondition", err)
+	if p, err := id.Probe(ctx, &csi.ProbeRequest{}); err != nil || p.GetReady() == nil || p.GetReady().GetValue() {
+		t.Errorf("Probe when not ready = %v, %v; want ready=false", p, err)
 	}
 }
 

@@ -4,9 +4,8 @@ import (
 	"context"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+	"k8s.io/klog/v2"
 )
 
 // GetPluginInfo reports the driver's name and version.
@@ -23,12 +22,15 @@ func (d *Driver) GetPluginCapabilities(context.Context, *csi.GetPluginCapabiliti
 	}}}, nil
 }
 
-// Probe reports whether the driver can serve: FAILED_PRECONDITION, with the
-// reason, when it cannot.
-func (d *Driver) Probe(context.Context, *csi.ProbeRequest) (*csi.ProbeResponse, error) {
+// Probe reports whether the driver can serve. When it cannot, it answers
+// ready=false and logs why, rather than an error: the spec allows both, but
+// the sidecar (csi-lib-utils' ProbeForever) waits only on ready=false and
+// exits on an error, which would restart the pod instead of waiting.
+func (d *Driver) Probe(ctx context.Context, _ *csi.ProbeRequest) (*csi.ProbeResponse, error) {
 	if d.opts.Ready != nil {
 		if err := d.opts.Ready(); err != nil {
-			return nil, status.Errorf(codes.FailedPrecondition, "not ready: %v", err)
+			klog.FromContext(ctx).Info("Not ready", "reason", err)
+			return &csi.ProbeResponse{Ready: wrapperspb.Bool(false)}, nil
 		}
 	}
 	return &csi.ProbeResponse{Ready: wrapperspb.Bool(true)}, nil
