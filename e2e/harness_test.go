@@ -5,7 +5,11 @@
 // Run them with e2e/run-e2e.sh (make e2e), or by hand:
 //
 //	e2e/cluster.sh start /var/tmp/rsm-c && set -a && . /var/tmp/rsm-c/env && set +a
-//	RSM_BIND=/var/tmp/rsm-c go test -tags pacific,e2e -count=1 -exec "$PWD/e2e/exec.sh" ./e2e/
+//	./dev.sh build    # the server tests run bin/rbd-snapshot-metadata
+//	RSM_SERVER_BIN=$PWD/bin/rbd-snapshot-metadata RSM_BIND="/var/tmp/rsm-c $PWD/bin" \
+//	  go test -tags pacific,e2e -count=1 -exec "$PWD/e2e/exec.sh" ./e2e/
+//
+// RSM_E2E_BIG=1 adds the slow variants (TestManyWrites with 2^20 writes).
 //
 // The test binary is built on the host against Debian 12's pacific headers
 // and runs in the rootfs against reef's librbd, which has rbd_diff_iterate3.
