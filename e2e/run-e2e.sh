@@ -7,11 +7,23 @@
 # The tests are built on the host (-tags pacific,e2e) and run inside the rootfs
 # through e2e/exec.sh. GOFLAGS and extra arguments pass through to go test.
 # The exit code is go test's. Needs root (see rootfs.sh and cluster.sh).
+# RSM_E2E_BIG=1 (not set here) adds the slow variants: TestManyWrites writes
+# 2^20 extents instead of 100k, which takes minutes.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 cd "$HERE/.."
 
 "$HERE/rootfs.sh"
+# The Kubernetes binaries of k8s_test.go: ~5 min to build once, then cached.
+# A failed build (no module proxy) fails that test, not the run.
+if RSM_K8S_BIN=$("$HERE/k8s/k8s.sh" build); then
+  export RSM_K8S_BIN
+  RSM_BIND="$RSM_K8S_BIN${RSM_BIND:+ $RSM_BIND}"
+else
+  unset RSM_K8S_BIN
+  export RSM_K8S_BUILD_ERROR="e2e/k8s/k8s.sh build failed (exit $?; its output is above)"
+  echo "run-e2e: $RSM_K8S_BUILD_ERROR" >&2
+fi
 CLUSTER=$(mktemp -d /var/tmp/rsm-e2e.XXXXXX)
 cleanup() {
   "$HERE/cluster.sh" stop "$CLUSTER" || "$HERE/cluster.sh" kill "$CLUSTER" || true

@@ -1,0 +1,173 @@
+#!/bin/bash
+# The Kubernetes side of the e2e test e2e/k8s_test.go: a real etcd and
+# kube-apiserver, and the real external-snapshot-metadata sidecar and its
+# snapshot-metadata-lister, built from Go modules pinned in etcd/,
+# kube-apiserver/ and sidecar/ (go.mod + go.sum each). No Docker, no cluster:
+# the test runs them on 127.0.0.1 in front of our server.
+#
+#   e2e/k8s/k8s.sh build     build the binaries, or find them in the cache, and
+#                            print their folder (also holds crds/*.yaml)
+#   e2e/k8s/k8s.sh dir       print that folder if it is built; exit 1 if not
+#   e2e/k8s/k8s.sh up        run the e2e flow (./dev.sh e2e -run TestK8sSidecar)
+#                            and keep everything up: Ceph, our server, etcd,
+#                            kube-apiserver, sidecar; prints a sourceable env
+#   e2e/k8s/k8s.sh down      let a held run end (it stops what it started)
+#   e2e/k8s/k8s.sh tidy      regenerate the go.mod/go.sum files (module proxy)
+#   e2e/k8s/k8s.sh clean     remove cached builds of other pins
+#
+# The build takes ~5 min with cold Go caches on 2 cores (~1 GB of modules);
+# its output lives in $RSM_K8S_CACHE/<hash of the pins, go.sum files and Go
+# version>, so that a warm run only hashes a few files. Go's module and build
+# caches are the default ones.
+#
+# Environment: RSM_K8S_CACHE (default /var/cache/rbd-snapshot-metadata/k8s-bin),
+# RSM_K8S_STATE (up/down; default /var/tmp/rsm-k8s-up).
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+CACHE=${RSM_K8S_CACHE:-/var/cache/rbd-snapshot-metadata/k8s-bin}
+STATE=${RSM_K8S_STATE:-/var/tmp/rsm-k8s-up}
+
+# The pins. The go.mod files hold the same versions; these name what to build.
+ETCD=v3.6.5       # go.etcd.io/etcd/server/v3
+K8S=v1.34.2       # k8s.io/kubernetes; its staging modules replaced by v0.34.2
+ESM=v1.0.0        # external-snapshot-metadata; client replaced by client@v1.0.0
+# The lister of ESM v1.0.0 (tools/snapshot-metadata-lister) is a nested
+# module that pins ESM v0.2.0, whose SnapshotMetadataService API is v1alpha1:
+# it would not find the v1beta1 CR the v1.0.0 sidecar reads. Its main.go is
+# byte-identical to v0.2.0's examples/snapshot-metadata-lister/main.go, which
+# is in the v0.2.0 module zip: build that file against ESM v1.0.0.
+LISTER_FROM=github.com/kubernetes-csi/external-snapshot-metadata@v0.2.0
+LISTER_SHA256=42da2a518846b11b498830d3ed88abbf7995d7861fa3afc191d3be96f711a55c
+# CRDs: VolumeSnapshot* from the external-snapshotter client ESM v1.0.0 uses,
+# SnapshotMetadataService (v1beta1) from ESM's client.
+SNAP_CLIENT=github.com/kubernetes-csi/external-snapshotter/client/v8@v8.4.0
+ESM_CLIENT=github.com/kubernetes-csi/external-snapshot-metadata/client@v1.0.0
+BUILD_REV=1       # bump when the build commands below change
+
+now() { date +%s.%N; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1fs", b - a }'; }
+log() { echo "k8s: $*" >&2; }
+die() { log "$*"; exit 1; }
+
+key() {
+  {
+    go env GOVERSION GOOS GOARCH
+    echo "$BUILD_REV $ETCD $K8S $ESM $LISTER_FROM $LISTER_SHA256 $SNAP_CLIENT $ESM_CLIENT"
+    (cd "$HERE" && sha256sum etcd/* kube-apiserver/* sidecar/*)
+  } | sha256sum | cut -c1-16
+}
+
+moddir() { # MODULE@VERSION (run in a module that requires it, or outside any)
+  local j
+  j=$(go mod download -json "$1") ||
+    die "go mod download $1 failed (no module proxy?): $(sed -n 's/^\t"Error": //p' <<<"$j")"
+  sed -n 's/^\t"Dir": "\(.*\)",$/\1/p' <<<"$j"
+}
+
+# src DIR: the three modules in DIR, with the lister's main.go in sidecar/lister.
+src() {
+  local d=$1 f
+  cp -r "$HERE"/{etcd,kube-apiserver,sidecar} "$d"/
+  f=$(cd / && moddir "$LISTER_FROM")/examples/snapshot-metadata-lister/main.go
+  mkdir -p "$d/sidecar/lister"
+  install -m 644 "$f" "$d/sidecar/lister/main.go"
+  echo "$LISTER_SHA256  $d/sidecar/lister/main.go" | sha256sum -c --quiet - ||
+    die "$LISTER_FROM's lister changed: check it against ESM $ESM's tools/snapshot-metadata-lister"
+}
+
+build() {
+  local k out t0 t
+  k=$(key); out=$CACHE/$k
+  [ -f "$out/.complete" ] && { echo "$out"; return; }
+  mkdir -p "$CACHE"
+  exec 8>"$CACHE/.lock"
+  flock -w 1800 8 || die "timed out waiting for $CACHE/.lock"
+  [ -f "$out/.complete" ] && { echo "$out"; return; }
+  t0=$(now)
+  tmp=$(mktemp -d "$CACHE/.tmp.XXXXXX")   # global: the EXIT trap needs it
+  trap 'rm -rf "$tmp"' EXIT
+  mkdir "$tmp/src" "$tmp/bin"
+  src "$tmp/src"
+  b() { # NAME MODULE-DIR PACKAGE LDFLAGS
+    t=$(now)
+    (cd "$tmp/src/$2" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w $4" -o "$tmp/bin/$1" "$3") ||
+      die "building $1 failed (needs the Go module proxy when the module cache is cold)"
+    log "built $1 in $(since "$t")"
+  }
+  log "building etcd $ETCD, kube-apiserver $K8S, csi-snapshot-metadata $ESM and its lister into $out (~5 min when Go's caches are cold)"
+  b etcd etcd . ""
+  b kube-apiserver kube-apiserver . "-X k8s.io/component-base/version.gitVersion=$K8S -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=34"
+  b csi-snapshot-metadata sidecar github.com/kubernetes-csi/external-snapshot-metadata/cmd/csi-snapshot-metadata "-X main.version=$ESM"
+  b snapshot-metadata-lister sidecar ./lister ""
+  mkdir "$tmp/bin/crds"
+  local sd ed
+  sd=$(cd "$tmp/src/sidecar" && moddir "$SNAP_CLIENT")/config/crd
+  ed=$(cd "$tmp/src/sidecar" && moddir "$ESM_CLIENT")/config/crd
+  install -m 644 "$sd"/snapshot.storage.k8s.io_volumesnapshot{classes,contents,s}.yaml \
+    "$ed"/cbt.storage.k8s.io_snapshotmetadataservices.yaml "$tmp/bin/crds/"
+  printf 'etcd %s\nkube-apiserver %s\ncsi-snapshot-metadata %s\nsnapshot-metadata-lister %s (%s)\ncrds %s %s\n%s\n' \
+    "$ETCD" "$K8S" "$ESM" "$ESM" "$LISTER_FROM" "$SNAP_CLIENT" "$ESM_CLIENT" "$(go env GOVERSION)" >"$tmp/bin/VERSIONS"
+  touch "$tmp/bin/.complete"
+  rm -rf "$out"
+  mv "$tmp/bin" "$out"
+  log "built into $out in $(since "$t0")"
+  echo "$out"
+}
+
+tidy() {
+  local d
+  tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+  src "$tmp"
+  for d in etcd kube-apiserver sidecar; do
+    (cd "$tmp/$d" && go mod tidy) || die "go mod tidy in $d failed"
+    cp "$tmp/$d"/go.{mod,sum} "$HERE/$d/"
+  done
+  log "go.mod/go.sum updated; the next build gets a new cache key"
+}
+
+clean() {
+  local k d
+  k=$(key)
+  for d in "$CACHE"/*/; do
+    [ -d "$d" ] && [ "$(basename "$d")" != "$k" ] && { rm -rf "$d"; log "removed $d"; }
+  done
+  return 0
+}
+
+alive() { [ -r "/proc/$1/stat" ] && [ "$(sed 's/.*) //' "/proc/$1/stat" | cut -c1)" != Z ]; }
+
+# up: the test's hold mode. It uses $STATE as its folder (bound into the
+# rootfs at the same path), writes $STATE/env once the flow passed, and waits
+# while $STATE/hold exists; then its cleanups stop everything, and
+# run-e2e.sh the Ceph cluster.
+up() {
+  [ -f "$STATE/run.pid" ] && alive "$(cat "$STATE/run.pid")" && die "already up ($STATE): run down first"
+  rm -rf "$STATE"; mkdir -p "$STATE"; touch "$STATE/hold"
+  RSM_K8S_HOLD=$STATE RSM_BIND="$STATE${RSM_BIND:+ $RSM_BIND}" setsid \
+    "$HERE/../../dev.sh" e2e -run '^TestK8sSidecar$' -v -timeout 3h </dev/null >"$STATE/run.log" 2>&1 &
+  echo $! >"$STATE/run.pid"
+  log "starting (log: $STATE/run.log) ..."
+  until [ -f "$STATE/env" ]; do
+    alive "$(cat "$STATE/run.pid")" || { tail -n 40 "$STATE/run.log" >&2; die "the run ended before it was up"; }
+    sleep 1
+  done
+  cat "$STATE/env"
+}
+
+down() {
+  [ -f "$STATE/run.pid" ] || die "nothing up in $STATE"
+  local pid i
+  pid=$(cat "$STATE/run.pid")
+  rm -f "$STATE/hold"
+  for ((i = 0; i < 1200; i++)); do alive "$pid" || break; sleep 0.1; done
+  alive "$pid" && die "run $pid still going after 120 s; see $STATE/run.log"
+  rm -f "$STATE/run.pid"
+  tail -n 5 "$STATE/run.log" >&2
+}
+
+case "${1:-}" in
+build) build ;;
+dir) d=$CACHE/$(key); [ -f "$d/.complete" ] || die "not built: $d"; echo "$d" ;;
+up | down | tidy | clean) "$1" ;;
+*) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+esac
