@@ -42,5 +42,7 @@ set +a
 export RSM_SERVER_BIN="${RSM_SERVER_BIN:-$PWD/bin/rbd-snapshot-metadata}"
 export RSM_BIND="$CLUSTER $(dirname "$RSM_SERVER_BIN")${RSM_BIND:+ $RSM_BIND}"
 rc=0
-go test -tags pacific,e2e -count=1 -exec "$HERE/exec.sh" ./e2e/... "$@" || rc=$?
+# The suite, k8s and 2^20-extent tests included, outlasts go test's 10 min default on a
+# loaded 2-core machine; a hang still ends.
+go test -tags pacific,e2e -count=1 -timeout 40m -exec "$HERE/exec.sh" ./e2e/... "$@" || rc=$?
 exit $rc
