@@ -21,7 +21,7 @@ export CGO_ENABLED=1
 
 deps() {
 	local need=() p
-	for p in librbd-dev librados-dev debootstrap zstd openssl; do
+	for p in librbd-dev librados-dev libradospp-dev debootstrap zstd openssl; do
 		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || need+=("$p")
 	done
 	[ ${#need[@]} -eq 0 ] && return

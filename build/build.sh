@@ -18,13 +18,13 @@
 # runtime stage installs exactly librbd1 and librados2).
 #
 # Environment: VERSION (default "dev"), stamped with -X main.version.
-# Needs: Go (go.mod's version), gcc, librbd-dev, librados-dev, dpkg, ldd.
+# Needs: Go (go.mod's version), gcc, g++, librbd-dev, librados-dev, libradospp-dev, dpkg, ldd.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The Debian packages the build needs besides Go, gcc and libc6-dev (which the
 # golang image and the e2e rootfs have). One list for the image and for CI:
 # the build below refuses to start when one is missing.
-BUILD_DEPS="librbd-dev librados-dev"
+BUILD_DEPS="librbd-dev librados-dev libradospp-dev g++"
 if [ "${1:-}" = --install-deps ]; then
 	apt-get update
 	# shellcheck disable=SC2086

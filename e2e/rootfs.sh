@@ -21,7 +21,7 @@ ROOTFS=${RSM_ROOTFS:-/var/cache/rbd-snapshot-metadata/rootfs}
 CACHE=${RSM_ROOTFS_CACHE:-/var/cache/rbd-snapshot-metadata/rootfs.tar.zst}
 SUITE=trixie
 MIN_CEPH=18.2.7
-PKGS="ceph-mon ceph-osd ceph-common librbd-dev librados-dev gcc libc6-dev ca-certificates python3 cryptsetup-bin"
+PKGS="ceph-mon ceph-osd ceph-common librbd-dev librados-dev libradospp-dev gcc g++ libc6-dev ca-certificates python3 cryptsetup-bin"
 STAMP="rsm-rootfs v1 suite=$SUITE packages=$(tr ' ' '\n' <<<"$PKGS" | sort | tr '\n' ' ')"
 STAMP_FILE=.rsm-rootfs-stamp
 

@@ -24,6 +24,7 @@ type Diff struct {
 	target snapRef
 	base   *snapRef // nil: allocated extents
 	whole  bool
+	refine *refiner // precise mode (precise.go); nil when off
 
 	mu       sync.Mutex // serializes Iterate and Close
 	ioctx    *rados.IOContext
@@ -203,7 +204,13 @@ func (d *Diff) Iterate(ctx context.Context, offset int64, fn func(offset, length
 	}
 
 	rawOff, rawLen := uint64(offset+d.header), uint64(d.capacity-offset)
-	err := d.diffIterate(rawOff, rawLen, cb)
+	run := librbd.DiffIterateCallback(cb)
+	var pipe *pipeline // precise mode: refines librbd's whole objects for cb
+	if d.refine.usable() {
+		pipe = d.refine.pipeline(ctx, rawOff, rawLen, cb)
+		run = pipe.feed
+	}
+	err := d.diffIterate(rawOff, rawLen, run)
 	mu.Lock()
 	calledBack := called
 	mu.Unlock()
@@ -211,9 +218,10 @@ func (d *Diff) Iterate(ctx context.Context, offset int64, fn func(offset, length
 		if calledBack {
 			err = wrap(fmt.Sprintf("diff %s from %s", d.target, d.base), err)
 		} else {
-			err = d.diffIterateByName(rawOff, rawLen, cb)
+			err = d.diffIterateByName(rawOff, rawLen, run)
 		}
 	}
+	err = pipe.finish(err)
 	mu.Lock()
 	defer mu.Unlock()
 	if panicked != nil {
@@ -300,6 +308,7 @@ func (d *Diff) Close() error {
 		return nil
 	}
 	d.closed = true
+	d.refine.close()
 	var err error
 	if d.image != nil {
 		err = wrap("close image "+d.target.imageSpec(), d.image.Close())

@@ -29,6 +29,10 @@ type Options struct {
 	// fast-diff, librbd then reads only the object map, which is orders of
 	// magnitude faster, but extents are rounded out to whole objects.
 	WholeObject bool
+	// Precise refines the whole-object diff to the bytes that really
+	// changed, with RADOS queries per changed object (see precise.go).
+	// It overrides WholeObject.
+	Precise bool
 }
 
 // Default option values.
@@ -168,6 +172,11 @@ func (s *Source) Open(ctx context.Context, req Request) (_ *Diff, err error) {
 	}
 	if err := d.open(); err != nil {
 		return nil, err
+	}
+	if s.opts.Precise {
+		if err := d.openPrecise(); err != nil {
+			return nil, err
+		}
 	}
 	return d, nil
 }

@@ -32,7 +32,7 @@ func run(args []string) int {
 		configPath  = fs.String("clusterconfig", "/etc/ceph-csi-config/config.json", "Ceph-CSI cluster config (clusterID → monitors, radosNamespace)")
 		blockType   = fs.String("block-metadata-type", "VARIABLE_LENGTH", "VARIABLE_LENGTH or FIXED_LENGTH")
 		blockSize   = fs.Int64("fixed-block-size", 1<<20, "tuple size in bytes for FIXED_LENGTH")
-		precision   = fs.String("precision", "exact", "exact: librbd's per-extent diff; object: whole RADOS objects (fast with fast-diff)")
+		precision   = fs.String("precision", "precise", "precise: the bytes that changed (object map, then RADOS queries per changed object); exact: librbd's per-extent diff; object: whole RADOS objects (fast with fast-diff)")
 		mountTO     = fs.Duration("ceph-connect-timeout", rbd.DefaultMountTimeout, "how long connecting to the monitors may take (librados client_mount_timeout)")
 		opTO        = fs.Duration("ceph-op-timeout", rbd.DefaultOpTimeout, "librados monitor and OSD operation timeout")
 		idleTO      = fs.Duration("ceph-conn-idle", rbd.DefaultIdleTimeout, "how long an unused cluster connection stays cached")
@@ -53,13 +53,15 @@ func run(args []string) int {
 		fmt.Fprintf(os.Stderr, "--block-metadata-type: want VARIABLE_LENGTH or FIXED_LENGTH, got %q\n", *blockType)
 		return 2
 	}
-	var wholeObject bool
+	var wholeObject, precise bool
 	switch *precision {
+	case "precise":
+		precise = true
 	case "exact":
 	case "object":
 		wholeObject = true
 	default:
-		fmt.Fprintf(os.Stderr, "--precision: want exact or object, got %q\n", *precision)
+		fmt.Fprintf(os.Stderr, "--precision: want precise, exact or object, got %q\n", *precision)
 		return 2
 	}
 
@@ -70,6 +72,7 @@ func run(args []string) int {
 		OpTimeout:    *opTO,
 		IdleTimeout:  *idleTO,
 		WholeObject:  wholeObject,
+		Precise:      precise,
 	})
 	defer src.Close()
 	m := metrics.New(func() float64 { return float64(src.Stats().Conns) })

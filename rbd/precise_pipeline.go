@@ -1,0 +1,222 @@
+package rbd
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	librbd "github.com/ceph/go-ceph/rbd"
+)
+
+// candidate is one RADOS object's part of librbd's whole-object diff, in
+// raw image offsets: an object the object map marks as changed (delta) or
+// holding data (allocated). exists is librbd's flag: false for an object
+// that does not exist at the target snapshot.
+type candidate struct {
+	off, len int64
+	exists   bool
+}
+
+// pipeline sits between librbd's whole-object diff-iterate and Iterate's
+// callback. librbd calls feed for each candidate extent, on the thread that
+// runs the diff; feed splits it into objects and starts refining each in
+// its own goroutine, at most max at once; the refined extents reach emit
+// strictly in image order, always from the goroutine that called
+// DiffIterate (from feed while librbd runs, from finish after it returns).
+//
+//   - Order: a window (FIFO) of jobs in image order; only its head is ever
+//     delivered.
+//   - Memory and backpressure: when the window is full, feed waits for its
+//     head, then delivers it; emit blocking blocks feed, and so librbd.
+//   - Stopping: emit returning a negative value (its callback failed),
+//     or ctx ending, makes feed answer errStop to librbd; finish then
+//     cancels the jobs' context and waits for every job, so that no
+//     goroutine outlives Iterate.
+//   - Fallback: a job that fails (an error, a panic) delivers its
+//     candidate as librbd gave it, whole, and is counted.
+type pipeline struct {
+	ctx      context.Context
+	cancel   context.CancelFunc
+	objSize  int64
+	skipGone bool // allocated: candidates that do not exist hold no data
+	max      int
+	refine   func(context.Context, candidate) ([]span, error)
+	emit     librbd.DiffIterateCallback
+	fellBack func(error) // counts a fallback
+
+	// forced are candidates librbd may fail to report, ascending and
+	// object-aligned: they are refined whether librbd names them or not
+	// (see refiner.forced).
+	forced []span
+	next   int64 // where the last candidate started ends
+
+	window  []*job
+	stopped bool  // feed answers errStop
+	err     error // the context error that stopped the pipeline
+	wg      sync.WaitGroup
+}
+
+// job is one candidate in the window.
+type job struct {
+	c    candidate
+	done chan struct{} // closed when out is set
+	out  []span
+}
+
+func newPipeline(ctx context.Context, objSize int64, window int, skipGone bool,
+	refine func(context.Context, candidate) ([]span, error), emit librbd.DiffIterateCallback, fellBack func(error)) *pipeline {
+	ctx, cancel := context.WithCancel(ctx)
+	return &pipeline{ctx: ctx, cancel: cancel, objSize: objSize, max: max(window, 1), skipGone: skipGone,
+		refine: refine, emit: emit, fellBack: fellBack}
+}
+
+// feed is the librbd callback of the whole-object diff.
+func (p *pipeline) feed(off, length uint64, exists int, _ any) int {
+	if p.stopped {
+		return errStop // librbd may call back after a stop
+	}
+	if err := p.ctx.Err(); err != nil {
+		p.stop(err)
+		return errStop
+	}
+	if exists == 0 && p.skipGone {
+		return 0
+	}
+	o, end := int64(off), int64(off+length)
+	if !p.force(o) {
+		return errStop
+	}
+	for o < end {
+		oe := min(end, (o/p.objSize+1)*p.objSize)
+		if !p.add(candidate{off: o, len: oe - o, exists: exists != 0}) {
+			return errStop
+		}
+		o = oe
+	}
+	return 0
+}
+
+// add starts c once the window has room.
+func (p *pipeline) add(c candidate) bool {
+	if !p.deliver(len(p.window) >= p.max) {
+		return false
+	}
+	p.start(c)
+	p.next = c.off + c.len
+	return true
+}
+
+// force adds the forced candidates that start before offset before,
+// except those librbd reported already or is reporting now (the one that
+// holds before); it reports false once the pipeline is stopped.
+func (p *pipeline) force(before int64) bool {
+	for len(p.forced) > 0 && p.forced[0].off < before {
+		c := p.forced[0]
+		p.forced = p.forced[1:]
+		if c.end() <= p.next || (c.off <= before && before < c.end()) {
+			continue
+		}
+		if !p.add(candidate{off: c.off, len: c.len, exists: true}) {
+			return false
+		}
+	}
+	return true
+}
+
+// stop makes the pipeline refuse more work because ctx ended.
+func (p *pipeline) stop(err error) {
+	p.stopped = true
+	if p.err == nil {
+		p.err = err
+	}
+}
+
+// deliver emits the jobs at the head of the window that are done; with
+// wait, it first waits for the head. It reports false once the pipeline is
+// stopped.
+func (p *pipeline) deliver(wait bool) bool {
+	for len(p.window) > 0 {
+		j := p.window[0]
+		if wait {
+			select {
+			case <-j.done:
+			case <-p.ctx.Done():
+				p.stop(p.ctx.Err())
+				return false
+			}
+			wait = false
+		} else {
+			select {
+			case <-j.done:
+			default:
+				return true
+			}
+		}
+		p.window[0] = nil
+		p.window = p.window[1:]
+		for _, s := range j.out {
+			if p.emit(uint64(s.off), uint64(s.len), 1, nil) < 0 {
+				p.stopped = true // emit keeps its reason
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// start refines c in a new goroutine, at the tail of the window.
+func (p *pipeline) start(c candidate) {
+	j := &job{c: c, done: make(chan struct{})}
+	p.window = append(p.window, j)
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		defer close(j.done)
+		j.out = p.run(c)
+	}()
+}
+
+// run refines one candidate, falling back to the candidate itself.
+func (p *pipeline) run(c candidate) []span {
+	out, err := func() (out []span, err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				err = fmt.Errorf("refining %d+%d panicked: %v", c.off, c.len, r)
+			}
+		}()
+		if err := p.ctx.Err(); err != nil {
+			return nil, err
+		}
+		return p.refine(p.ctx, c)
+	}()
+	if err != nil {
+		if p.ctx.Err() == nil {
+			p.fellBack(err)
+		}
+		return []span{{c.off, c.len}}
+	}
+	return clip(normalize(out), c.off, c.off+c.len)
+}
+
+// finish ends the pipeline after librbd returned err: when the diff
+// completed, it delivers the rest of the window; in every case it cancels
+// and waits for the jobs. It returns the context error that stopped the
+// pipeline, if any, else err. A nil pipeline returns err.
+func (p *pipeline) finish(err error) error {
+	if p == nil {
+		return err
+	}
+	if err == nil && !p.stopped {
+		p.force(1<<63 - 1)
+	}
+	for err == nil && !p.stopped && len(p.window) > 0 {
+		p.deliver(true)
+	}
+	p.cancel()
+	p.wg.Wait()
+	p.window = nil
+	if p.err != nil {
+		return p.err
+	}
+	return err
+}

@@ -1,0 +1,150 @@
+package rbd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// fakeRefine refines candidate c to its first quarter after a random
+// delay, and fails for the objects in fail.
+func fakeRefine(fail map[int64]bool, inFlight, peak *atomic.Int64) func(context.Context, candidate) ([]span, error) {
+	return func(ctx context.Context, c candidate) ([]span, error) {
+		n := inFlight.Add(1)
+		defer inFlight.Add(-1)
+		for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+		}
+		time.Sleep(time.Duration(rand.IntN(300)) * time.Microsecond)
+		if fail[c.off/100] {
+			return nil, errors.New("boom")
+		}
+		return []span{{c.off, max(c.len/4, 1)}}, nil
+	}
+}
+
+// runPipeline feeds extents as librbd would and collects what reaches emit.
+func runPipeline(ctx context.Context, p *pipeline, extents []span, emitErrAt int) ([]span, error) {
+	var got []span
+	p.emit = func(off, length uint64, exists int, _ any) int {
+		if len(got) == emitErrAt {
+			return errStop
+		}
+		got = append(got, span{int64(off), int64(length)})
+		return 0
+	}
+	var err error
+	for _, e := range extents {
+		if p.feed(uint64(e.off), uint64(e.len), 1, nil) < 0 {
+			err = errors.New("stopped")
+			break
+		}
+	}
+	return got, p.finish(err)
+}
+
+// TestPipelineOrder: refined extents arrive in image order, whatever the
+// order the jobs finish in; the window bounds the jobs in flight; a failed
+// job falls back to its whole candidate; forced candidates are merged in.
+func TestPipelineOrder(t *testing.T) {
+	var inFlight, peak, fellBack atomic.Int64
+	fail := map[int64]bool{7: true}
+	p := newPipeline(context.Background(), 100, 4, false, fakeRefine(fail, &inFlight, &peak), nil,
+		func(error) { fellBack.Add(1) })
+	p.forced = []span{{200, 100}, {1500, 100}, {5000, 100}}
+	var in []span
+	for i := int64(0); i < 40; i++ {
+		if i%3 != 0 {
+			in = append(in, span{i * 100, 100})
+		}
+	}
+	in = append(in, span{4000, 250}) // across objects: split
+	got, err := runPipeline(context.Background(), p, in, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []span
+	for i := int64(0); i < 40; i++ {
+		switch {
+		case i == 7:
+			want = append(want, span{700, 100})
+		case i%3 != 0 || i == 15:
+			want = append(want, span{i * 100, 25})
+		}
+	}
+	want = append(want, span{4000, 25}, span{4100, 25}, span{4200, 12}, span{5000, 25})
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("got  %v\nwant %v", got, want)
+	}
+	if peak.Load() > 4 {
+		t.Errorf("%d jobs in flight, window is 4", peak.Load())
+	}
+	if fellBack.Load() != 1 {
+		t.Errorf("%d fallbacks, want 1", fellBack.Load())
+	}
+}
+
+// TestPipelineStops: an emit failure or a cancelled context stops feeding,
+// and finish waits for every job (TestMain checks for leaks).
+func TestPipelineStops(t *testing.T) {
+	var inFlight, peak atomic.Int64
+	in := make([]span, 100)
+	for i := range in {
+		in[i] = span{int64(i) * 100, 100}
+	}
+
+	p := newPipeline(context.Background(), 100, 8, false, fakeRefine(nil, &inFlight, &peak), nil, func(error) {})
+	got, err := runPipeline(context.Background(), p, in, 5)
+	if err == nil || len(got) != 5 {
+		t.Errorf("emit failing at 5: got %d extents, %v", len(got), err)
+	}
+	if n := inFlight.Load(); n != 0 {
+		t.Errorf("%d jobs still running after finish", n)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	p = newPipeline(ctx, 100, 8, false, fakeRefine(nil, &inFlight, &peak), nil, func(error) {})
+	var emitted int
+	p.emit = func(off, length uint64, exists int, _ any) int {
+		if emitted++; emitted == 3 {
+			cancel()
+		}
+		return 0
+	}
+	var stop error
+	for _, e := range in {
+		if p.feed(uint64(e.off), uint64(e.len), 1, nil) < 0 {
+			stop = errors.New("stopped")
+			break
+		}
+	}
+	if err := p.finish(stop); !errors.Is(err, context.Canceled) {
+		t.Errorf("cancelled: finish returned %v, want context.Canceled", err)
+	}
+	if n := inFlight.Load(); n != 0 {
+		t.Errorf("%d jobs still running after finish", n)
+	}
+	if p.feed(0, 100, 1, nil) != errStop {
+		t.Error("feed after a stop: want errStop")
+	}
+}
+
+// TestPipelineSkipsGone: allocated candidates librbd marks as not existing
+// hold no data and are not refined.
+func TestPipelineSkipsGone(t *testing.T) {
+	var inFlight, peak atomic.Int64
+	p := newPipeline(context.Background(), 100, 2, true, fakeRefine(nil, &inFlight, &peak), nil, func(error) {})
+	var got []span
+	p.emit = func(off, length uint64, exists int, _ any) int {
+		got = append(got, span{int64(off), int64(length)})
+		return 0
+	}
+	p.feed(0, 100, 0, nil)
+	p.feed(100, 100, 1, nil)
+	if err := p.finish(nil); err != nil || fmt.Sprint(got) != fmt.Sprint([]span{{100, 25}}) {
+		t.Errorf("got %v, %v; want [{100 25}]", got, err)
+	}
+}

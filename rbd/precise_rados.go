@@ -1,0 +1,65 @@
+package rbd
+
+/*
+#cgo LDFLAGS: -lrados -lstdc++
+#include <stdlib.h>
+#include "radospp.h"
+*/
+import "C"
+
+import (
+	"syscall"
+	"unsafe"
+
+	"github.com/ceph/go-ceph/rados"
+)
+
+// radosErr is a failed call of radospp.cpp: a negative errno. It carries
+// ErrorCode so that classify and errnoOf treat it like go-ceph's errors.
+type radosErr int
+
+func (e radosErr) Error() string  { return syscall.Errno(-e).Error() }
+func (e radosErr) ErrorCode() int { return int(e) }
+
+// words copies and frees the malloc'd answer of radospp.cpp.
+func words(p *C.uint64_t, n C.size_t) []uint64 {
+	if p == nil {
+		return nil
+	}
+	defer C.free(unsafe.Pointer(p))
+	return append([]uint64(nil), unsafe.Slice((*uint64)(unsafe.Pointer(p)), int(n))...)
+}
+
+// listSnaps returns the snap set of object oid. ioctx's read snapshot must
+// be snapDir.
+//
+// Implements (radospp.cpp): librados::IoCtx::list_snaps.
+func listSnaps(ioctx *rados.IOContext, oid string) (snapSet, error) {
+	coid := C.CString(oid)
+	defer C.free(unsafe.Pointer(coid))
+	var (
+		p *C.uint64_t
+		n C.size_t
+	)
+	if r := C.rsm_list_snaps(C.rados_ioctx_t(ioctx.Pointer()), coid, &p, &n); r < 0 {
+		return snapSet{}, radosErr(r)
+	}
+	return parseSnapSet(words(p, n))
+}
+
+// mapext returns the allocated extents of object oid within [off, off+len)
+// at ioctx's read snapshot. A missing object is radosErr(-ENOENT).
+//
+// Implements (radospp.cpp): librados::IoCtx::mapext.
+func mapext(ioctx *rados.IOContext, oid string, off, length int64) ([]span, error) {
+	coid := C.CString(oid)
+	defer C.free(unsafe.Pointer(coid))
+	var (
+		p *C.uint64_t
+		n C.size_t
+	)
+	if r := C.rsm_mapext(C.rados_ioctx_t(ioctx.Pointer()), coid, C.uint64_t(off), C.uint64_t(length), &p, &n); r < 0 {
+		return nil, radosErr(r)
+	}
+	return parseSpans(words(p, n))
+}
