@@ -156,20 +156,9 @@ func (r *refiner) open(d *Diff) error {
 	if r.base, err = r.layer(conn, t.pool, t.namespace, d.image, r.s1, 0); err != nil {
 		return err
 	}
-	size1, err := d.image.GetSize()
+	lo, hi, err := d.cutOff()
 	if err != nil {
-		return wrap("get size of snapshot "+d.base.String(), err)
-	}
-	snaps, err := d.image.GetSnapshotNames()
-	if err != nil {
-		return wrap("list snapshots", err)
-	}
-	hi := int64(min(size1, uint64(d.capacity+d.header)))
-	lo := hi
-	for _, s := range snaps {
-		if r.s1 < s.Id && s.Id < r.s2 {
-			lo = min(lo, int64(s.Size))
-		}
+		return err
 	}
 	r.shrunk = span{lo, hi - lo}
 	if r.dir, err = r.ioctx(conn, t.pool, t.namespace, snapDir); err != nil {

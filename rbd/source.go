@@ -173,6 +173,15 @@ func (s *Source) Open(ctx context.Context, req Request) (_ *Diff, err error) {
 	if err := d.open(); err != nil {
 		return nil, err
 	}
+	if d.whole && d.base != nil && !s.opts.Precise {
+		// Whole-object deltas across a shrink-snapshot-grow can miss
+		// changes (a reef fast-diff bug): take librbd's exact walk then.
+		lo, hi, err := d.cutOff()
+		if err != nil {
+			return nil, err
+		}
+		d.whole = lo == hi
+	}
 	if s.opts.Precise {
 		if err := d.openPrecise(); err != nil {
 			return nil, err
