@@ -64,10 +64,11 @@ echo
 echo "== snapmeta --format json allocated $ID@s2 (the JSON form; totals on stderr)"
 snap --format json allocated "$ID@s2" | cut -c1-160
 echo
-echo "== rbd diff, for comparison"
+echo "== rbd diff, for comparison (librbd's extents: what a server that passes them on reports)"
 for a in "rbd/demo@s1" "--from-snap s1 rbd/demo@s2" "rbd/demo@s2"; do
 	# shellcheck disable=SC2086
-	inside rbd diff --format json $a | awk -v a="$a" '{ n = gsub(/"offset"/, ""); print "rbd diff " a ": " n " extents" }'
+	inside rbd diff --format json $a | grep -o '"length":[0-9]*' |
+		awk -F: -v a="$a" '{ n++; b += $2 } END { printf "rbd diff %s: %d extents, %d bytes\n", a, n, b }'
 done
 
 if [ -n "${RSM_DEMO_KEEP:-}" ]; then
