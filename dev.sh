@@ -6,6 +6,7 @@
 #   ./dev.sh test     unit tests, then e2e tests against a fresh real cluster
 #   ./dev.sh unit     gofmt, go vet, unit tests (the driver also without cgo), -race
 #   ./dev.sh e2e [go test args]   e2e tests only
+#   ./dev.sh bench [go test args]   the benchmark; RSM_BENCH_SCALE=full for 2^20 extents and 1 TiB
 #   ./dev.sh image [go test args]   build as the Dockerfile does (in the Debian 13
 #                     rootfs), then run e2e tests with that binary
 #   ./dev.sh build    bin/rbd-snapshot-metadata (cgo, librbd) and bin/snapmeta (pure Go)
@@ -68,7 +69,8 @@ case "${1:-}" in
 deps | build | unit | lint) "$1" ;;
 e2e) shift; e2e "$@" ;;
 image) shift; e2e/image-build-test.sh "$@" ;;
+bench) shift; build; e2e/run-bench.sh "$@" ;;
 test) unit; e2e; e2e/image-build-test.sh ;;
 demo) build; e2e/demo.sh ;;
-*) sed -n '2,16s/^# \{0,1\}//p' "$0" >&2; exit 2 ;;
+*) sed -n '2,19s/^# \{0,1\}//p' "$0" >&2; exit 2 ;;
 esac
