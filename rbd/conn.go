@@ -162,6 +162,21 @@ func (c *connCache) release(cc *cachedConn) {
 	}
 }
 
+// discard stops sharing cc: the next get connects anew, and cc is shut
+// down at its last release. After an OSD or monitor outage, a connection
+// can keep timing out long after a new one would work.
+func (c *connCache) discard(cc *cachedConn) {
+	c.mu.Lock()
+	if c.conns[cc.key] == cc {
+		delete(c.conns, cc.key)
+	}
+	shut := cc.conn != nil && cc.refs == 0
+	c.mu.Unlock()
+	if shut {
+		c.shutdown(cc.conn)
+	}
+}
+
 // janitor shuts down connections idle for longer than c.idle.
 func (c *connCache) janitor() {
 	defer c.wg.Done()

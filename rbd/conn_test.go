@@ -220,3 +220,30 @@ func TestConnCacheIdle(t *testing.T) {
 		t.Errorf("after idle: %d shutdowns, stats %+v", f.shut.Load(), s)
 	}
 }
+
+// TestConnCacheDiscard: a discarded connection is no longer shared, the
+// next get connects anew, and the old one is shut down at its last release.
+func TestConnCacheDiscard(t *testing.T) {
+	f := &fakeConnector{}
+	c := newTestCache(t, f, time.Hour)
+	old, err := c.get(context.Background(), params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.discard(old)
+	fresh, err := c.get(context.Background(), params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fresh == old || f.connects.Load() != 2 {
+		t.Fatalf("after discard: same connection %v, %d connects", fresh == old, f.connects.Load())
+	}
+	c.release(old)
+	if f.shut.Load() != 1 {
+		t.Errorf("the discarded connection was not shut down at its last release")
+	}
+	c.release(fresh)
+	if s := c.stats(); s.Conns != 1 || s.Refs != 0 || f.shut.Load() != 1 {
+		t.Errorf("stats %+v, %d shutdowns; want the fresh one cached", s, f.shut.Load())
+	}
+}

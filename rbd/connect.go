@@ -3,6 +3,7 @@ package rbd
 import (
 	"context"
 	"fmt"
+	"io"
 	"io/fs"
 	"net"
 	"os"
@@ -83,11 +84,19 @@ func connectError(p connParams, t timeouts, err error) error {
 	return wrap(what, err)
 }
 
-// dialTimeout bounds each TCP dial of reachable.
+// monBanner starts what a Ceph monitor sends on a new connection, in both
+// messenger versions.
+const monBanner = "ceph v"
+
+// dialTimeout bounds each TCP dial of reachable, and the wait for the banner.
 const dialTimeout = 3 * time.Second
 
-// reachable reports whether any of the addresses accepts a TCP connection
-// within timeout. It returns once all dials have finished.
+// reachable reports whether any of the addresses answers as a Ceph
+// monitor within timeout: it accepts a TCP connection and sends the
+// messenger's banner ("ceph v027" for v1, "ceph v2\n" for v2) at once. A
+// hung monitor process still has its connections accepted by the kernel,
+// so a connect alone proves nothing. It returns once all dials have
+// finished.
 func reachable(addrs []string, timeout time.Duration) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
@@ -105,7 +114,15 @@ func reachable(addrs []string, timeout time.Duration) bool {
 			if err != nil {
 				return
 			}
-			c.Close()
+			defer c.Close()
+			deadline, _ := ctx.Deadline()
+			banner := make([]byte, len(monBanner))
+			if c.SetReadDeadline(deadline) != nil {
+				return
+			}
+			if _, err := io.ReadFull(c, banner); err != nil || string(banner) != monBanner {
+				return
+			}
 			mu.Lock()
 			ok = true
 			mu.Unlock()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"math"
+	"os"
 	"runtime/debug"
 	"sync"
 	"syscall"
@@ -263,7 +264,17 @@ func (d *Diff) Iterate(ctx context.Context, offset int64, fn func(offset, length
 	if kept != nil {
 		return kept
 	}
+	d.discardConnOnTimeout(err)
 	return err
+}
+
+// discardConnOnTimeout stops caching the Diff's connection when err says
+// the cluster did not answer in time: later requests then connect anew
+// rather than reuse a connection that an outage may have left broken.
+func (d *Diff) discardConnOnTimeout(err error) {
+	if d.cc != nil && errors.Is(err, os.ErrDeadlineExceeded) {
+		d.conns.discard(d.cc)
+	}
 }
 
 // callbackPanic is a panic of a diff callback, raised again after librbd

@@ -164,6 +164,7 @@ func (s *Source) Open(ctx context.Context, req Request) (_ *Diff, err error) {
 	d := &Diff{conns: s.conns, cc: lc.take(), target: tref, base: bref, whole: s.opts.WholeObject}
 	defer func() {
 		if err != nil {
+			d.discardConnOnTimeout(err)
 			d.Close()
 		}
 	}()

@@ -106,6 +106,23 @@ func TestConnectErrorClassifies(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
+	// A live monitor sends its banner at once.
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("ceph v2\n"))
+			defer c.Close()
+		}
+	}()
+	// A hung monitor: the kernel accepts, nothing answers.
+	hung, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hung.Close()
 	closed, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -125,6 +142,7 @@ func TestConnectErrorClassifies(t *testing.T) {
 		{"eperm", []string{ln.Addr().String()}, errno(-int(syscall.EPERM)), fs.ErrPermission, "authentication failed"},
 		{"reef wrong key", []string{closedAddr, ln.Addr().String()}, errno(-int(syscall.ETIMEDOUT)), fs.ErrPermission, "authentication failed"},
 		{"unreachable", []string{closedAddr}, errno(-int(syscall.ETIMEDOUT)), os.ErrDeadlineExceeded, "unreachable"},
+		{"hung monitor", []string{hung.Addr().String()}, errno(-int(syscall.ETIMEDOUT)), os.ErrDeadlineExceeded, "unreachable"},
 		{"other", []string{closedAddr}, errno(-int(syscall.EIO)), nil, "input/output error"},
 	} {
 		p := params
