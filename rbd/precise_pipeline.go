@@ -2,7 +2,9 @@ package rbd
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
 	"sync"
 
 	librbd "github.com/ceph/go-ceph/rbd"
@@ -33,7 +35,10 @@ type candidate struct {
 //     cancels the jobs' context and waits for every job, so that no
 //     goroutine outlives Iterate.
 //   - Fallback: a job that fails (an error, a panic) delivers its
-//     candidate as librbd gave it, whole, and is counted.
+//     candidate as librbd gave it, whole, and is counted; but a timeout
+//     (the cluster did not answer: os.ErrDeadlineExceeded) stops the
+//     pipeline with that error, since every later job would time out too
+//     and a stream of fallbacks would hide an outage behind an OK.
 type pipeline struct {
 	ctx      context.Context
 	cancel   context.CancelFunc
@@ -52,15 +57,16 @@ type pipeline struct {
 
 	window  []*job
 	stopped bool  // feed answers errStop
-	err     error // the context error that stopped the pipeline
+	err     error // the context or timeout error that stopped the pipeline
 	wg      sync.WaitGroup
 }
 
 // job is one candidate in the window.
 type job struct {
-	c    candidate
-	done chan struct{} // closed when out is set
-	out  []span
+	c     candidate
+	done  chan struct{} // closed when out (or fatal) is set
+	out   []span
+	fatal error // the cluster timed out: the pipeline must stop
 }
 
 func newPipeline(ctx context.Context, objSize int64, window int, skipGone bool,
@@ -123,7 +129,8 @@ func (p *pipeline) force(before int64) bool {
 	return true
 }
 
-// stop makes the pipeline refuse more work because ctx ended.
+// stop makes the pipeline refuse more work: ctx ended, or the cluster
+// timed out.
 func (p *pipeline) stop(err error) {
 	p.stopped = true
 	if p.err == nil {
@@ -154,6 +161,10 @@ func (p *pipeline) deliver(wait bool) bool {
 		}
 		p.window[0] = nil
 		p.window = p.window[1:]
+		if j.fatal != nil {
+			p.stop(j.fatal)
+			return false
+		}
 		for _, s := range j.out {
 			if p.emit(uint64(s.off), uint64(s.len), 1, nil) < 0 {
 				p.stopped = true // emit keeps its reason
@@ -172,12 +183,13 @@ func (p *pipeline) start(c candidate) {
 	go func() {
 		defer p.wg.Done()
 		defer close(j.done)
-		j.out = p.run(c)
+		j.out, j.fatal = p.run(c)
 	}()
 }
 
-// run refines one candidate, falling back to the candidate itself.
-func (p *pipeline) run(c candidate) []span {
+// run refines one candidate, falling back to the candidate itself; a
+// timeout is fatal instead (see the type's comment).
+func (p *pipeline) run(c candidate) ([]span, error) {
 	out, err := func() (out []span, err error) {
 		defer func() {
 			if r := recover(); r != nil {
@@ -190,12 +202,16 @@ func (p *pipeline) run(c candidate) []span {
 		return p.refine(p.ctx, c)
 	}()
 	if err != nil {
-		if p.ctx.Err() == nil {
-			p.fellBack(err)
+		if p.ctx.Err() != nil {
+			return nil, nil // stopping anyway; finish reports why
 		}
-		return []span{{c.off, c.len}}
+		if err = classify(err); errors.Is(err, os.ErrDeadlineExceeded) {
+			return nil, fmt.Errorf("refine the changes at %d+%d: %w", c.off, c.len, err)
+		}
+		p.fellBack(err)
+		return []span{{c.off, c.len}}, nil
 	}
-	return clip(normalize(out), c.off, c.off+c.len)
+	return clip(normalize(out), c.off, c.off+c.len), nil
 }
 
 // finish ends the pipeline after librbd returned err: when the diff

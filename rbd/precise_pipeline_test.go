@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -146,5 +148,35 @@ func TestPipelineSkipsGone(t *testing.T) {
 	p.feed(100, 100, 1, nil)
 	if err := p.finish(nil); err != nil || fmt.Sprint(got) != fmt.Sprint([]span{{100, 25}}) {
 		t.Errorf("got %v, %v; want [{100 25}]", got, err)
+	}
+}
+
+// TestPipelineTimeoutIsFatal: a refinement that times out (the cluster did
+// not answer) stops the stream with that error, rather than fall back to
+// whole objects and end with OK while the OSDs are gone.
+func TestPipelineTimeoutIsFatal(t *testing.T) {
+	var fellBack atomic.Int64
+	refine := func(ctx context.Context, c candidate) ([]span, error) {
+		if c.off >= 500 {
+			return nil, fmt.Errorf("mapext obj: %w", radosErr(-int(syscall.ETIMEDOUT)))
+		}
+		return []span{{c.off, 10}}, nil
+	}
+	p := newPipeline(context.Background(), 100, 4, false, refine, nil, func(error) { fellBack.Add(1) })
+	var in []span
+	for i := int64(0); i < 20; i++ {
+		in = append(in, span{i * 100, 100})
+	}
+	got, err := runPipeline(context.Background(), p, in, -1)
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("finish: %v, want a timeout", err)
+	}
+	if fellBack.Load() != 0 {
+		t.Errorf("%d fallbacks for timeouts", fellBack.Load())
+	}
+	for _, s := range got {
+		if s.off >= 500 {
+			t.Errorf("delivered %v, past the timeout", s)
+		}
 	}
 }
