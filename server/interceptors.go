@@ -93,7 +93,13 @@ func streamInterceptor(base klog.Logger, m *metrics.Metrics) grpc.StreamServerIn
 		ctx, l := withLogger(ss.Context(), base, info.FullMethod)
 		w := &loggedStream{ServerStream: ss, ctx: ctx, l: l}
 		defer recovered(l, &err)
-		return h(srv, w)
+		if err = h(srv, w); err != nil {
+			// With the request's snapshot IDs: a stream refused before
+			// its diff began (NOT_FOUND, PERMISSION_DENIED, ...) logs
+			// nothing else.
+			w.l.V(2).Info("RPC failed", "code", status.Code(err), "err", err)
+		}
+		return err
 	}
 }
 
