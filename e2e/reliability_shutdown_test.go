@@ -1,0 +1,144 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"errors"
+	"io"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// TestReliabilityShutdown sends SIGTERM to the server binary while
+// streams run: readers that keep up and can finish within the grace
+// period, and slow readers that cannot. Each stream must either end OK
+// with every tuple, or end non-OK with a prefix of them: never a
+// truncated OK. New requests are refused, the server exits with 0 and
+// removes its socket.
+func TestReliabilityShutdown(t *testing.T) {
+	v, _ := manyWrites(t, 16384)
+	const grace = 3 * time.Second
+	srv := startServer(t, "--grace-period="+grace.String())
+	qs := []metaReq{{target: v.id("s2")}, {base: v.id("s1"), target: v.id("s2")}}
+	want := make([][]span, len(qs))
+	for i := range qs {
+		qs[i].secrets = csiSecrets(t)
+		want[i] = srv.get(t, qs[i]).tuples()
+	}
+
+	// Slow readers use a connection of their own, with a fixed 64 KiB flow
+	// control window (no BDP growth), and pages of one tuple: the server
+	// can send only a few thousand of the 16k before it waits for them.
+	cc, err := grpc.NewClient("unix://"+srv.sock, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithInitialWindowSize(1<<16), grpc.WithInitialConnWindowSize(1<<16))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	slowSrv := &rsmServer{sm: csi.NewSnapshotMetadataClient(cc)}
+
+	type result struct {
+		slow bool
+		q    int
+		got  []span
+		err  error
+	}
+	const streams = 12
+	results := make([]result, streams)
+	started := make(chan struct{}, streams)
+	term := make(chan struct{})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // a hang guard
+	defer cancel()
+	var wg sync.WaitGroup
+	for i := 0; i < streams; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res := &results[i]
+			res.slow, res.q = i%2 == 1, i%len(qs)
+			q, s := qs[res.q], srv
+			q.max = 50
+			if res.slow {
+				q.max, s = 1, slowSrv
+			}
+			recv, err := s.open(ctx, q)
+			if err != nil {
+				res.err = err
+				started <- struct{}{}
+				return
+			}
+			for n := 0; ; n++ {
+				resp, err := recv()
+				if err != nil {
+					res.err = err
+					if n == 0 {
+						started <- struct{}{}
+					}
+					return
+				}
+				res.got = append(res.got, toPage(resp).tuples...)
+				if n == 0 {
+					started <- struct{}{}
+					<-term // every stream is under way at SIGTERM
+				}
+				if res.slow {
+					time.Sleep(2 * time.Millisecond) // 16k pages: far longer than the grace period
+				}
+			}
+		}()
+	}
+	for i := 0; i < streams; i++ {
+		<-started
+	}
+	t0 := time.Now()
+	srv.sigterm(t)
+	close(term)
+	// New requests are refused while the old ones end.
+	time.Sleep(200 * time.Millisecond)
+	late := srv.call(ctx, qs[0])
+	if late.err == nil {
+		t.Errorf("a request after SIGTERM was served: %d tuples", len(late.tuples()))
+	}
+	wg.Wait()
+	exitErr, exited := srv.wait(grace + 20*time.Second)
+	if !exited || exitErr != nil {
+		t.Errorf("after SIGTERM: exited %t, %v; want exit status 0", exited, exitErr)
+	}
+	if _, err := os.Lstat(srv.sock); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the socket %s is still there after the exit (%v)", srv.sock, err)
+	}
+	var ok, failed, slowFailed int
+	for i, r := range results {
+		w := want[r.q]
+		if diff := diffSpans(w[:min(len(r.got), len(w))], r.got); diff != "" {
+			t.Errorf("stream %d: the tuples are not a prefix of the answer: %s", i, diff)
+		}
+		switch {
+		case errors.Is(r.err, io.EOF):
+			ok++
+			if len(r.got) != len(w) {
+				t.Errorf("stream %d (slow %t) ended OK after %d of %d tuples: a truncated OK", i, r.slow, len(r.got), len(w))
+			}
+		case r.err == nil:
+			t.Errorf("stream %d: no end", i)
+		default:
+			failed++
+			if r.slow {
+				slowFailed++
+			}
+		}
+		t.Logf("stream %d (slow %t): %d of %d tuples, then %v", i, r.slow, len(r.got), len(w), r.err)
+	}
+	if slowFailed == 0 {
+		t.Errorf("no slow stream was cut by the end of the grace period: the test proves less than it should")
+	}
+	t.Logf("SIGTERM with %d streams under way: %d finished OK and complete, %d ended non-OK with a prefix; exit after %v (grace %v)",
+		streams, ok, failed, time.Since(t0).Round(time.Millisecond), grace)
+}
