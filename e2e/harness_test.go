@@ -311,24 +311,7 @@ func rbdCLI(t testing.TB, args ...string) []byte {
 // rbdDiff returns `rbd diff --from-snap FROM POOL/IMAGE@TO --format json`.
 func rbdDiff(t testing.TB, name, from, to string, wholeObject bool) []extent {
 	t.Helper()
-	args := []string{"diff", "--from-snap", from, pool + "/" + name + "@" + to, "--format", "json"}
-	if wholeObject {
-		args = append(args, "--whole-object")
-	}
-	var raw []struct {
-		Offset uint64 `json:"offset"`
-		Length uint64 `json:"length"`
-		Exists string `json:"exists"`
-	}
-	out := rbdCLI(t, args...)
-	if err := json.Unmarshal(out, &raw); err != nil {
-		t.Fatalf("rbd %s: bad JSON %q: %v", strings.Join(args, " "), out, err)
-	}
-	got := make([]extent, 0, len(raw))
-	for _, e := range raw {
-		got = append(got, extent{e.Offset, e.Length, e.Exists == "true"})
-	}
-	return got
+	return rbdDiffOf(t, rbdVolume{name: name}, from, to, wholeObject)
 }
 
 func equalExtents(t testing.TB, what string, got, want []extent) {
