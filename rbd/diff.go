@@ -58,7 +58,11 @@ func (d *Diff) open() error {
 		d.image, err = librbd.OpenImageReadOnly(ioctx, t.image, librbd.NoSnapshot)
 	}
 	if err != nil {
-		return wrap("open image "+t.imageSpec(), err)
+		err = wrap("open image "+t.imageSpec(), err)
+		if errors.Is(err, fs.ErrPermission) {
+			err = fmt.Errorf("%w (the Ceph user's OSD caps do not cover pool %s)", err, t.pool)
+		}
+		return err
 	}
 
 	if err := d.lookupSnap(t); err != nil {
