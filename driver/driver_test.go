@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/google/go-cmp/cmp"
@@ -436,4 +437,43 @@ func TestObserverNamesTheMethod(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// FuzzRequests sends arbitrary requests of both RPCs through gRPC: the
+// server never panics, answers only with the codes the spec allows for bad
+// input, and whatever it streams keeps the spec's invariants.
+func FuzzRequests(f *testing.F) {
+	f.Add("s1", "s2", int64(0), int32(0), false)
+	f.Add("", "s2", int64(-1), int32(-1), true)
+	f.Add("s2", "", int64(64*mib), int32(1), true)
+	f.Add("s1", "s2", int64(1<<62), int32(1<<31-1), false)
+	d, err := driver.New(fixture(), driver.Options{Name: "x", BlockMetadataType: csi.BlockMetadataType_FIXED_LENGTH, FixedBlockSize: 4096})
+	if err != nil {
+		f.Fatal(err)
+	}
+	conn := serve(f, d)
+	allowed := map[codes.Code]bool{codes.OK: true, codes.InvalidArgument: true, codes.NotFound: true, codes.OutOfRange: true}
+	f.Fuzz(func(t *testing.T, base, target string, start int64, max int32, isDelta bool) {
+		if !utf8.ValidString(base) || !utf8.ValidString(target) {
+			t.Skip("protobuf strings are UTF-8: no client can send this")
+		}
+		var r result
+		var err error
+		if isDelta {
+			r, err = delta(t, conn, &csi.GetMetadataDeltaRequest{BaseSnapshotId: base, TargetSnapshotId: target, StartingOffset: start, MaxResults: max})
+		} else {
+			r, err = allocated(t, conn, &csi.GetMetadataAllocatedRequest{SnapshotId: target, StartingOffset: start, MaxResults: max})
+		}
+		if !allowed[status.Code(err)] {
+			t.Fatalf("code %v (%v) for base %q target %q start %d max %d", status.Code(err), err, base, target, start, max)
+		}
+		if err != nil {
+			return
+		}
+		pageSize := int(max)
+		if pageSize == 0 {
+			pageSize = 1 << 30
+		}
+		driver.CheckPages(t, r.pages, pageSize, true, 4096, start, 64*mib)
+	})
 }
