@@ -28,8 +28,6 @@ since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1fs", b - a }'; }
 log() { echo "image-build-test: $*" >&2; }
 die() { log "FAIL: $*"; exit 1; }
 
-grep -q 'RSM_SERVER_BIN:-' e2e/run-e2e.sh ||
-	die "e2e/run-e2e.sh sets RSM_SERVER_BIN unconditionally; it must keep a preset one: export RSM_SERVER_BIN=\"\${RSM_SERVER_BIN:-\$PWD/bin/rbd-snapshot-metadata}\""
 
 T0=$(now)
 "$HERE/rootfs.sh"

@@ -1,6 +1,6 @@
 #!/bin/bash
-# One-shot e2e run (make e2e): ensure the reef rootfs, start a fresh throwaway
-# cluster in a temp folder, run the e2e tests against it, and always stop it.
+# One-shot e2e run (./dev.sh e2e): build (or find) the Kubernetes binaries,
+# then run the e2e tests against a fresh throwaway cluster (with-cluster.sh).
 #
 #   e2e/run-e2e.sh [go test args...]     e.g. e2e/run-e2e.sh -run Harness -v
 #
@@ -13,36 +13,17 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 cd "$HERE/.."
 
-"$HERE/rootfs.sh"
 # The Kubernetes binaries of k8s_test.go: ~5 min to build once, then cached.
 # A failed build (no module proxy) fails that test, not the run.
 if RSM_K8S_BIN=$("$HERE/k8s/k8s.sh" build); then
   export RSM_K8S_BIN
-  RSM_BIND="$RSM_K8S_BIN${RSM_BIND:+ $RSM_BIND}"
+  export RSM_BIND="$RSM_K8S_BIN${RSM_BIND:+ $RSM_BIND}"
 else
   unset RSM_K8S_BIN
   export RSM_K8S_BUILD_ERROR="e2e/k8s/k8s.sh build failed (exit $?; its output is above)"
   echo "run-e2e: $RSM_K8S_BUILD_ERROR" >&2
 fi
-CLUSTER=$(mktemp -d /var/tmp/rsm-e2e.XXXXXX)
-cleanup() {
-  "$HERE/cluster.sh" stop "$CLUSTER" || "$HERE/cluster.sh" kill "$CLUSTER" || true
-  rm -rf --one-file-system "$CLUSTER"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-"$HERE/cluster.sh" start "$CLUSTER"
-
-set -a
-# shellcheck disable=SC1091
-. "$CLUSTER/env"
-set +a
-# The tests run the server binary (./dev.sh build) inside the rootfs.
-export RSM_SERVER_BIN="${RSM_SERVER_BIN:-$PWD/bin/rbd-snapshot-metadata}"
-export RSM_BIND="$CLUSTER $(dirname "$RSM_SERVER_BIN")${RSM_BIND:+ $RSM_BIND}"
-rc=0
-# The suite, k8s and 2^20-extent tests included, outlasts go test's 10 min default on a
-# loaded 2-core machine; a hang still ends.
-go test -tags pacific,e2e -count=1 -timeout 40m -exec "$HERE/exec.sh" ./e2e/... "$@" || rc=$?
-exit $rc
+# The suite, k8s and 2^20-extent tests included, outlasts go test's 10 min
+# default on a loaded 2-core machine; a hang still ends.
+exec "$HERE/with-cluster.sh" \
+  go test -tags pacific,e2e -count=1 -timeout 40m -exec "$HERE/exec.sh" ./e2e/... "$@"
