@@ -3,9 +3,10 @@
 //
 // Each RPC runs exactly one diff of its Source, from the request's
 // starting_offset to the end of the volume, and streams the extents as they
-// arrive, in pages of at most max_results tuples (see pager). Sending a page
-// blocks until the client takes it, which holds the diff back: memory stays
-// at about one page, whatever the size of the volume. A stream ends with OK
+// arrive, in pages of at most max_results tuples (see pager). A sender
+// goroutine sends the pages, so that encoding overlaps the diff; when the
+// client does not take them, the diff waits: memory stays at most three
+// pages, whatever the size of the volume. A stream ends with OK
 // only when every extent has been sent; a cancelled call, a failed send or
 // a failed diff stops the diff at once and ends the stream with an error.
 //

@@ -79,13 +79,19 @@ func (d *Driver) stream(ctx context.Context, method string, req OpenRequest, sta
 
 	logger := klog.FromContext(ctx)
 	trace := logger.V(5)
-	p := newPager(d.opts.BlockMetadataType, d.opts.FixedBlockSize, start, capacity, pageSize,
-		func(page []*csi.BlockMetadata) error {
-			if trace.Enabled() {
-				trace.Info("Sending page", "tuples", len(page), "first", page[0].ByteOffset)
-			}
-			return send(capacity, page)
-		})
+	snd := startSender(func(page []*csi.BlockMetadata) error {
+		if trace.Enabled() {
+			trace.Info("Sending page", "tuples", len(page), "first", page[0].ByteOffset)
+		}
+		return send(capacity, page)
+	})
+	sent := false
+	defer func() {
+		if !sent {
+			_ = snd.wait() // on every error path: no goroutine left behind
+		}
+	}()
+	p := newPager(d.opts.BlockMetadataType, d.opts.FixedBlockSize, start, capacity, pageSize, snd.put)
 	began := time.Now()
 	var diffTime time.Duration
 	defer func() {
@@ -107,6 +113,10 @@ func (d *Driver) stream(ctx context.Context, method string, req OpenRequest, sta
 	// a cancel that came in just then must not end the stream with OK
 	// unless the rest was sent.
 	if err := p.finish(); err != nil {
+		return toStatus(err)
+	}
+	sent = true
+	if err := snd.wait(); err != nil {
 		return toStatus(err)
 	}
 	return toStatus(ctx.Err())
