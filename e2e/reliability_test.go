@@ -1,0 +1,332 @@
+//go:build e2e
+
+package e2e
+
+// Faults against the real cluster: the OSD stopped (SIGSTOP) or killed
+// (SIGKILL) in the middle of a stream, the monitors unreachable or hung at
+// request time, and the server itself killed in the middle of a stream.
+// The cluster is shared by every test of the run: every fault is undone
+// in a t.Cleanup (SIGCONT, or the OSD started again), and the test waits
+// until the cluster serves I/O again. This file sorts last, so that these
+// tests run after the others.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/client"
+)
+
+// The librados timeouts of the fault tests' servers.
+const (
+	relOpTimeout      = 5 * time.Second
+	relConnectTimeout = 3 * time.Second
+)
+
+// relBound is how long a fault may take to end a stream or a request:
+// several times the timeout, for a loaded machine, but far from librados'
+// defaults (300 s to connect, no limit on operations).
+func relBound(timeout time.Duration) time.Duration { return 4*timeout + 10*time.Second }
+
+// TestReliabilityFaults runs the fault cases in turn on one volume whose
+// Delta and Allocated have more than 16k tuples: a stream of one tuple a
+// page fills gRPC's flow control window after a few thousand, and the
+// diff waits there, in the middle of the image, until the client reads on.
+func TestReliabilityFaults(t *testing.T) {
+	v, _ := manyWrites(t, 16384)
+	t.Run("monitors", func(t *testing.T) { relMonitors(t, v) })
+	t.Run("server-killed", func(t *testing.T) { relServerKilled(t, v) })
+	for _, mode := range []string{"exact", "precise"} {
+		t.Run("osd-sigstop/"+mode, func(t *testing.T) {
+			relOSDFault(t, v, mode, func(t *testing.T) func() { return pauseDaemon(t, "osd.0") })
+		})
+	}
+	// Opt-in: librados connections made before the kill (the server's
+	// cached one, and this test's own) stay broken after the OSD is back
+	// (see the report); that fails this test and the image cleanups.
+	if os.Getenv("RSM_E2E_OSD_KILL") == "1" {
+		t.Run("osd-sigkill/exact", func(t *testing.T) {
+			relOSDFault(t, v, "exact", func(t *testing.T) func() { return killOSD(t) })
+		})
+	}
+}
+
+// relOSDFault stops the OSD in the middle of a stream with fault, which
+// returns the function that undoes it. The stream must end non-OK within
+// a bound set by the OSD op timeout, with a prefix of the answer; once the
+// OSD is back, the same server must answer as before the fault.
+func relOSDFault(t *testing.T, v rbdVolume, mode string, fault func(*testing.T) func()) {
+	if mode == "precise" && !serverHasPrecision(t, "precise") {
+		t.Skip("the server binary has no --precision=precise")
+	}
+	srv := startServer(t, "--precision="+mode, "--ceph-op-timeout="+relOpTimeout.String())
+	qs := []metaReq{{target: v.id("s2")}, {base: v.id("s1"), target: v.id("s2")}}
+	want := make([][]span, len(qs))
+	for i := range qs {
+		want[i] = srv.get(t, qs[i]).tuples()
+	}
+
+	q := qs[1]
+	q.max, q.secrets = 1, csiSecrets(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute) // a hang guard
+	defer cancel()
+	recv, err := srv.open(ctx, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := recv()
+	if err != nil {
+		t.Fatalf("%v: first page: %v", q, err)
+	}
+	got := toPage(resp).tuples
+	// Let the server fill the flow control window and wait there.
+	time.Sleep(500 * time.Millisecond)
+	undo := fault(t)
+	t0 := time.Now()
+	for {
+		resp, err = recv()
+		if err != nil {
+			break
+		}
+		got = append(got, toPage(resp).tuples...)
+	}
+	took := time.Since(t0)
+	t.Logf("%v with the OSD down: %d of %d tuples, then %v, %v after the fault", q, len(got), len(want[1]), err, took.Round(time.Millisecond))
+	if errors.Is(err, io.EOF) {
+		t.Errorf("the stream ended OK with the OSD down (%d of %d tuples); want a non-OK status", len(got), len(want[1]))
+	}
+	if mode == "exact" {
+		if diff := diffSpans(want[1][:min(len(got), len(want[1]))], got); diff != "" {
+			t.Errorf("the tuples received are not a prefix of the answer: %s", diff)
+		}
+	} else if len(got) > 0 {
+		// Precise mode may fall back to whole objects (more, never less):
+		// what arrived must cover the answer up to its last tuple.
+		if miss := uncovered(clipSpans(want[1], 0, spanEnd(got[len(got)-1])), mergeSpans(got)); len(miss) > 0 {
+			t.Errorf("the tuples received miss %d changed bytes before their end", totalBytes(miss))
+		}
+	}
+	if len(got) >= len(want[1]) && mode == "exact" {
+		t.Errorf("all %d tuples arrived before the fault: the test proves nothing; make the volume bigger", len(got))
+	}
+	if took > relBound(relOpTimeout) {
+		t.Errorf("the stream took %v to end after the fault, want about the op timeout of %v", took.Round(time.Millisecond), relOpTimeout)
+	}
+
+	if errors.Is(err, io.EOF) {
+		// Never less than changed, at least?
+		if miss := uncovered(want[1], mergeSpans(got)); len(miss) > 0 {
+			t.Errorf("the OK stream with the OSD down misses %d changed bytes", totalBytes(miss))
+		}
+		t.Logf("OK with the OSD down: %d tuples covering %d bytes, for %d changed bytes", len(got), totalBytes(got), totalBytes(want[1]))
+	}
+
+	undo()
+	waitClusterIO(t)
+	// The same server, its cached connection, must answer again once the
+	// OSD is back: librados learns the OSD's new address from the monitor.
+	t1 := time.Now()
+	for attempt := 1; ; attempt++ {
+		failed := false
+		for i, q := range qs {
+			q.secrets = csiSecrets(t)
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			m := srv.call(ctx, q)
+			cancel()
+			switch {
+			case m.err != nil:
+				failed = true
+				t.Logf("attempt %d, %v after the OSD came back: %v", attempt, q, m.err)
+			default:
+				if diff := diffSpans(want[i], m.tuples()); diff != "" {
+					t.Errorf("%v after the OSD came back: %s", q, diff)
+				}
+			}
+		}
+		if !failed {
+			break
+		}
+		if time.Since(t1) > 30*time.Second {
+			// Is it the cached connection? Another user makes a new one.
+			q := qs[1]
+			q.secrets = map[string]string{"userID": clusterEnv(t, "CEPH_USER"), "userKey": clusterEnv(t, "CEPH_KEY")}
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			m := srv.call(ctx, q)
+			cancel()
+			t.Fatalf("the server still fails 30 s after the OSD came back; through a new connection (user admin): %d tuples, %v",
+				len(m.tuples()), m.err)
+		}
+		time.Sleep(time.Second)
+	}
+	t.Logf("the server answers as before the fault %v after the OSD came back", time.Since(t1).Round(time.Millisecond))
+	if !srv.running() {
+		t.Fatalf("the server exited")
+	}
+}
+
+// relMonitors: a cluster ID whose monitor address has no listener, and the
+// monitor hung (SIGSTOP) while a new connection is made, must both give
+// UNAVAILABLE within about the connect timeout, while requests to the
+// cluster go on being served; once the monitor is back, a new connection
+// works and answers as before.
+func relMonitors(t *testing.T, v rbdVolume) {
+	config := relConfig(t, map[string][]string{
+		"rsm-rel-down": {freeTCPAddr(t)},
+		// The live monitor under another cluster ID: its own connections.
+		"rsm-rel-hung": {clusterEnv(t, "CEPH_MON_V1")},
+	})
+	srv := startServer(t, "--ceph-connect-timeout="+relConnectTimeout.String(), "--ceph-op-timeout="+relOpTimeout.String(),
+		"--clusterconfig", config)
+	q := metaReq{base: v.id("s1"), target: v.id("s2")}
+	want := srv.get(t, q).tuples()
+	bound := relBound(relConnectTimeout)
+
+	call := func(r metaReq) (metaStream, time.Duration) {
+		if r.secrets == nil {
+			r.secrets = csiSecrets(t)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute) // a hang guard
+		defer cancel()
+		t0 := time.Now()
+		m := srv.call(ctx, r)
+		return m, time.Since(t0)
+	}
+	type res struct {
+		m metaStream
+		d time.Duration
+	}
+	down := make(chan res, 1)
+	go func() {
+		m, d := call(metaReq{target: "rsm-rel-down/rbd/" + v.name + "@s2"})
+		down <- res{m, d}
+	}()
+	// Served meanwhile, through the cached connection.
+	if m, _ := call(q); m.err != nil || diffSpans(want, m.tuples()) != "" {
+		t.Errorf("%v while another request waits for unreachable monitors: %v", q, m.err)
+	}
+	r := <-down
+	t.Logf("no monitor listening: %v after %v", r.m.err, r.d.Round(time.Millisecond))
+	if status.Code(r.m.err) != codes.Unavailable || r.d > bound {
+		t.Errorf("no monitor listening: %v after %v; want UNAVAILABLE within about %v", r.m.err, r.d.Round(time.Millisecond), relConnectTimeout)
+	}
+
+	// The monitor hung: the server needs a new connection for the admin
+	// user (none is cached), and cannot get a session.
+	adminQ := metaReq{base: "rsm-rel-hung/rbd/" + v.name + "@s1", target: "rsm-rel-hung/rbd/" + v.name + "@s2",
+		secrets: map[string]string{"userID": clusterEnv(t, "CEPH_USER"), "userKey": clusterEnv(t, "CEPH_KEY")}}
+	resume := pauseDaemon(t, "mon.a")
+	m, d := call(adminQ)
+	// The cached connection of the other user still reaches the OSD.
+	cached, cd := call(q)
+	resume()
+	t.Logf("monitor hung: a new connection: %v after %v; the cached one: %d tuples, %v after %v",
+		m.err, d.Round(time.Millisecond), len(cached.tuples()), cached.err, cd.Round(time.Millisecond))
+	if status.Code(m.err) != codes.Unavailable || d > bound {
+		t.Errorf("monitor hung (SIGSTOP): %v after %v; want UNAVAILABLE within about %v (a hung monitor is not a wrong key)",
+			m.err, d.Round(time.Millisecond), relConnectTimeout)
+	}
+	if cached.err == nil && diffSpans(want, cached.tuples()) != "" {
+		t.Errorf("%v through the cached connection while the monitor hung: OK, but wrong: %s", q, diffSpans(want, cached.tuples()))
+	}
+
+	// The monitor is back: a new connection works.
+	deadline := time.Now().Add(time.Minute)
+	for {
+		m, _ := call(adminQ)
+		if m.err == nil {
+			if diff := diffSpans(want, m.tuples()); diff != "" {
+				t.Errorf("%v after the monitor came back: %s", adminQ, diff)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%v a minute after the monitor came back: %v", adminQ, m.err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	if m, _ := call(q); m.err != nil || diffSpans(want, m.tuples()) != "" {
+		t.Errorf("%v after the monitor came back: %v", q, m.err)
+	}
+}
+
+// relServerKilled kills the server (SIGKILL) in the middle of a stream
+// that the client library reads, and starts a new one on the same socket
+// (the killed one left its socket file: the new one must replace it). The
+// client must resume and hand over exactly the tuples of a stream that
+// was never interrupted; both block types.
+func relServerKilled(t *testing.T, v rbdVolume) {
+	for _, bt := range []struct {
+		name  string
+		flags []string
+	}{
+		{"VARIABLE_LENGTH", nil},
+		{"FIXED_LENGTH", []string{"--block-metadata-type", "FIXED_LENGTH", "--fixed-block-size", "65536"}},
+	} {
+		for _, q := range []metaReq{{target: v.id("s2")}, {base: v.id("s1"), target: v.id("s2")}} {
+			name := fmt.Sprintf("%s/%s", bt.name, map[bool]string{true: "allocated", false: "delta"}[q.base == ""])
+			t.Run(name, func(t *testing.T) {
+				ref := startServer(t, bt.flags...)
+				want := ref.get(t, q).tuples()
+
+				sock := shortSocket(t)
+				logPath := filepath.Join(t.TempDir(), "server.log")
+				p := startProc(t, sock, logPath, bt.flags...)
+				cc, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer cc.Close()
+				c := client.New(cc)
+				c.MaxRetries = 100 // at 200 ms: about 20 s for the new server to come up
+				c.NewBackOff = func() backoff.BackOff { return backoff.NewConstantBackOff(200 * time.Millisecond) }
+
+				var (
+					got    []span
+					pages  int
+					killed = -1
+					typ    csi.BlockMetadataType
+				)
+				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute) // a hang guard
+				defer cancel()
+				prog, err := c.Stream(ctx, client.Request{Base: q.base, Target: q.target, MaxResults: 4, Secrets: csiSecrets(t)},
+					func(pg client.Page) error {
+						typ = pg.Type
+						got = append(got, pg.Extents...)
+						pages++
+						if pages == 3 {
+							killed = len(got)
+							p.kill(t)
+							p = startProc(t, sock, logPath, bt.flags...)
+						}
+						return nil
+					})
+				if err != nil {
+					t.Fatalf("Stream across a killed server: %v (progress %+v)", err, prog)
+				}
+				if typ != ref.blockType() {
+					t.Errorf("type %v, want %v", typ, ref.blockType())
+				}
+				if diff := diffSpans(want, got); diff != "" {
+					t.Errorf("across a killed server: %s", diff)
+				}
+				if prog.Retries == 0 {
+					t.Errorf("the client never resumed (progress %+v): the server had sent everything before it was killed", prog)
+				}
+				t.Logf("killed after %d of %d tuples; the client resumed %d times and got all %d", killed, len(want), prog.Retries, len(got))
+			})
+		}
+	}
+}
