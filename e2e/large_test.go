@@ -167,6 +167,19 @@ func stripedMillion(t testing.TB) (rbdVolume, []span) {
 	return v, want
 }
 
+// checkStreamMemory streams r, which must answer want, while sampling the
+// server's memory, which must not grow by more than maxStreamGrowthKiB.
+func checkStreamMemory(t *testing.T, srv *rsmServer, r metaReq, want []span) {
+	t.Helper()
+	got, growth := streamMeasured(t, srv, r)
+	if diff := diffSpans(want, got); diff != "" {
+		t.Fatalf("%v: %s", r, diff)
+	}
+	if growth > maxStreamGrowthKiB {
+		t.Errorf("the server's RSS grew by %s while streaming, want at most %s: does it hold the whole answer?", fmtKiB(growth), fmtKiB(maxStreamGrowthKiB))
+	}
+}
+
 // TestMillionExtents streams a diff of 2^20 extents through the server
 // while sampling its memory, cancels such a stream after its first page,
 // and runs several at once.
@@ -176,22 +189,10 @@ func TestMillionExtents(t *testing.T) {
 	srv := startServer(t, "--precision=exact")
 
 	t.Run("delta-memory", func(t *testing.T) {
-		got, growth := streamMeasured(t, srv, metaReq{base: v.id("s1"), target: v.id("s2")})
-		if diff := diffSpans(want, got); diff != "" {
-			t.Fatalf("Delta: %s", diff)
-		}
-		if growth > maxStreamGrowthKiB {
-			t.Errorf("the server's RSS grew by %s while streaming, want at most %s: does it hold the whole answer?", fmtKiB(growth), fmtKiB(maxStreamGrowthKiB))
-		}
+		checkStreamMemory(t, srv, metaReq{base: v.id("s1"), target: v.id("s2")}, want)
 	})
 	t.Run("allocated-memory", func(t *testing.T) {
-		got, growth := streamMeasured(t, srv, metaReq{target: v.id("s2")})
-		if diff := diffSpans(want, got); diff != "" {
-			t.Fatalf("Allocated: %s", diff)
-		}
-		if growth > maxStreamGrowthKiB {
-			t.Errorf("the server's RSS grew by %s while streaming, want at most %s", fmtKiB(growth), fmtKiB(maxStreamGrowthKiB))
-		}
+		checkStreamMemory(t, srv, metaReq{target: v.id("s2")}, want)
 	})
 	t.Run("cancel-after-first-page", func(t *testing.T) {
 		cancelAfterFirstPage(t, srv, metaReq{base: v.id("s1"), target: v.id("s2"), max: 1000}, want)
@@ -506,13 +507,7 @@ func TestManyWrites(t *testing.T) {
 	v, want := manyWrites(t, n)
 	srv := startServer(t, "--precision=exact")
 	t.Run("delta-memory", func(t *testing.T) {
-		got, growth := streamMeasured(t, srv, metaReq{base: v.id("s1"), target: v.id("s2")})
-		if diff := diffSpans(want, got); diff != "" {
-			t.Fatalf("Delta: %s", diff)
-		}
-		if growth > maxStreamGrowthKiB {
-			t.Errorf("the server's RSS grew by %s while streaming, want at most %s", fmtKiB(growth), fmtKiB(maxStreamGrowthKiB))
-		}
+		checkStreamMemory(t, srv, metaReq{base: v.id("s1"), target: v.id("s2")}, want)
 	})
 	t.Run("matches-rbd-diff", func(t *testing.T) {
 		got := srv.get(t, metaReq{base: v.id("s1"), target: v.id("s2")}).tuples()
