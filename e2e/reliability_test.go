@@ -83,7 +83,17 @@ func relOSDFault(t *testing.T, v rbdVolume, mode string, fault func(*testing.T) 
 	q.max, q.secrets = 1, csiSecrets(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute) // a hang guard
 	defer cancel()
-	recv, err := srv.open(ctx, q)
+	// A connection of its own with a fixed 64 KiB flow control window (no
+	// BDP growth) and pages of one tuple: the server can send only a few
+	// thousand of the 16k tuples before it waits, so the diff is still
+	// running, with Ceph work left, when the fault comes.
+	cc, err := grpc.NewClient("unix://"+srv.sock, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithInitialWindowSize(1<<16), grpc.WithInitialConnWindowSize(1<<16))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	recv, err := (&rsmServer{sm: csi.NewSnapshotMetadataClient(cc)}).open(ctx, q)
 	if err != nil {
 		t.Fatal(err)
 	}
