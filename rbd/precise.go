@@ -273,10 +273,8 @@ func (r *refiner) pipeline(ctx context.Context, off, length uint64, emit librbd.
 		refine = r.delta
 	}
 	p := newPipeline(ctx, r.top.objSize, preciseWindow, r.base == nil, refine, emit, r.fellBack)
-	size := r.top.objSize
-	lo, hi := max(r.shrunk.off, int64(off)), min(r.shrunk.end(), int64(off+length))
-	for o := lo; o < hi; o = o - o%size + size {
-		p.forced = append(p.forced, span{o, min(hi, o-o%size+size) - o})
+	if lo, hi := max(r.shrunk.off, int64(off)), min(r.shrunk.end(), int64(off+length)); lo < hi {
+		p.forced = []span{{lo, hi - lo}}
 	}
 	return p
 }

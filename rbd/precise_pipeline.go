@@ -49,9 +49,9 @@ type pipeline struct {
 	emit     librbd.DiffIterateCallback
 	fellBack func(error) // counts a fallback
 
-	// forced are candidates librbd may fail to report, ascending and
-	// object-aligned: they are refined whether librbd names them or not
-	// (see refiner.forced).
+	// forced are ranges whose objects librbd may fail to report,
+	// ascending: each of their objects is refined whether librbd names it
+	// or not (see refiner.shrunk), taken one at a time by force.
 	forced []span
 	next   int64 // where the last candidate started ends
 
@@ -117,8 +117,14 @@ func (p *pipeline) add(c candidate) bool {
 // holds before); it reports false once the pipeline is stopped.
 func (p *pipeline) force(before int64) bool {
 	for len(p.forced) > 0 && p.forced[0].off < before {
-		c := p.forced[0]
-		p.forced = p.forced[1:]
+		// One object of the first range at a time: a range costs no
+		// memory, however many objects it spans.
+		r := &p.forced[0]
+		end := min(r.end(), r.off-r.off%p.objSize+p.objSize)
+		c := span{r.off, end - r.off}
+		if *r = (span{end, r.end() - end}); r.len <= 0 {
+			p.forced = p.forced[1:]
+		}
 		if c.end() <= p.next || (c.off <= before && before < c.end()) {
 			continue
 		}

@@ -180,3 +180,23 @@ func TestPipelineTimeoutIsFatal(t *testing.T) {
 		}
 	}
 }
+
+// TestPipelineForcedRange: every object of a forced range is refined, in
+// order, merged with what librbd reports, each once.
+func TestPipelineForcedRange(t *testing.T) {
+	var inFlight, peak atomic.Int64
+	p := newPipeline(context.Background(), 100, 4, false, fakeRefine(nil, &inFlight, &peak), nil, func(error) {})
+	p.forced = []span{{250, 1000}} // objects 2 (from 250) to 12 (to 1250)
+	got, err := runPipeline(context.Background(), p, []span{{500, 100}, {2000, 100}}, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []span{{250, 12}}
+	for o := int64(300); o < 1200; o += 100 {
+		want = append(want, span{o, 25})
+	}
+	want = append(want, span{1200, 12}, span{2000, 25})
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("got  %v\nwant %v", got, want)
+	}
+}
