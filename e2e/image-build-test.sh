@@ -70,7 +70,10 @@ mkdir -m 755 "$OUT/etc"
 install -m 644 "$CLUSTER/csi-config.json" "$OUT/etc/config.json"
 mkdir -m 1777 "$OUT/csi" # like an emptyDir
 SOCK=$OUT/csi/csi-snapshot-metadata.sock
-inside setpriv --reuid 65532 --regid 65532 --clear-groups \
+# Not through the inside function: in the background, a function runs in a
+# subshell, and $! would name the subshell, not the server. in-rootfs.sh
+# execs its way to the server, so $! is the server itself.
+"$HERE/in-rootfs.sh" -b "$OUT" setpriv --reuid 65532 --regid 65532 --clear-groups \
 	"$BIN/rbd-snapshot-metadata" --endpoint "unix://$SOCK" --clusterconfig "$OUT/etc/config.json" \
 	>"$OUT/server.log" 2>&1 &
 SERVER_PID=$!
