@@ -292,19 +292,23 @@ func (p *callbackPanic) String() string {
 	return fmt.Sprintf("%v\n\ncallback stack:\n%s", p.value, p.stack)
 }
 
+// wholeObject is go-ceph's form of d.whole.
+func (d *Diff) wholeObject() librbd.DiffWholeObject {
+	if d.whole {
+		return librbd.EnableWholeObject
+	}
+	return librbd.DisableWholeObject
+}
+
 // diffIterate runs the one librbd diff-iterate of a call to Iterate.
 func (d *Diff) diffIterate(offset, length uint64, cb librbd.DiffIterateCallback) error {
-	whole := librbd.DisableWholeObject
-	if d.whole {
-		whole = librbd.EnableWholeObject
-	}
 	if d.base == nil {
 		err := d.image.DiffIterate(librbd.DiffIterateConfig{
 			SnapName:      librbd.NoSnapshot,
 			Offset:        offset,
 			Length:        length,
 			IncludeParent: librbd.IncludeParent,
-			WholeObject:   whole,
+			WholeObject:   d.wholeObject(),
 			Callback:      cb,
 		})
 		return wrap("diff "+d.target.String(), err)
@@ -314,7 +318,7 @@ func (d *Diff) diffIterate(offset, length uint64, cb librbd.DiffIterateCallback)
 		Offset:        offset,
 		Length:        length,
 		IncludeParent: librbd.IncludeParent,
-		WholeObject:   whole,
+		WholeObject:   d.wholeObject(),
 		Callback:      cb,
 	})
 	if errors.Is(err, librbd.ErrNotImplemented) {
@@ -330,16 +334,12 @@ func (d *Diff) diffIterateByName(offset, length uint64, cb librbd.DiffIterateCal
 		return fmt.Errorf("diff %s from %s: the base snapshot has no name, and this librbd cannot diff by snapshot ID (needs Ceph reef 18.2 or later): %w",
 			d.target, d.base, errors.ErrUnsupported)
 	}
-	whole := librbd.DisableWholeObject
-	if d.whole {
-		whole = librbd.EnableWholeObject
-	}
 	err := d.image.DiffIterate(librbd.DiffIterateConfig{
 		SnapName:      d.base.snapName,
 		Offset:        offset,
 		Length:        length,
 		IncludeParent: librbd.IncludeParent,
-		WholeObject:   whole,
+		WholeObject:   d.wholeObject(),
 		Callback:      cb,
 	})
 	return wrap(fmt.Sprintf("diff %s from %s", d.target, d.base), err)
