@@ -180,6 +180,20 @@ func checkStreamMemory(t *testing.T, srv *rsmServer, r metaReq, want []span) {
 	}
 }
 
+// openFirstPage starts r on s and receives its first page.
+func openFirstPage(ctx context.Context, t *testing.T, s *rsmServer, r metaReq) (recv func() (metaResponse, error), first metaResponse) {
+	t.Helper()
+	recv, err := s.open(ctx, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err = recv()
+	if err != nil {
+		t.Fatalf("%v: first page: %v", r, err)
+	}
+	return recv, first
+}
+
 // TestMillionExtents streams a diff of 2^20 extents through the server
 // while sampling its memory, cancels such a stream after its first page,
 // and runs several at once.
@@ -202,14 +216,7 @@ func TestMillionExtents(t *testing.T) {
 		r := metaReq{base: v.id("s1"), target: v.id("s2"), secrets: csiSecrets(t)}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		recv, err := s.open(ctx, r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp, err := recv()
-		if err != nil {
-			t.Fatalf("%v: first page: %v", r, err)
-		}
+		recv, resp := openFirstPage(ctx, t, s, r)
 		s.sigterm(t)
 		time.Sleep(200 * time.Millisecond)
 		got := toPage(resp).tuples
@@ -235,14 +242,7 @@ func TestMillionExtents(t *testing.T) {
 		r := metaReq{base: v.id("s1"), target: v.id("s2"), secrets: csiSecrets(t)}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		recv, err := s.open(ctx, r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp, err := recv()
-		if err != nil {
-			t.Fatalf("%v: first page: %v", r, err)
-		}
+		recv, resp := openFirstPage(ctx, t, s, r)
 		t0 := time.Now()
 		s.sigterm(t)
 		// The client reads nothing more: the server blocks on a full
@@ -252,6 +252,7 @@ func TestMillionExtents(t *testing.T) {
 		}
 		t.Logf("exited %v after SIGTERM", time.Since(t0).Round(time.Millisecond))
 		n := len(resp.GetBlockMetadata())
+		var err error
 		for {
 			resp, err = recv()
 			if err != nil {

@@ -603,17 +603,7 @@ func TestPreciseCost(t *testing.T) {
 	}
 
 	// 4 GiB, 1024 objects: 4 KiB in 64 objects, then in 64 others.
-	p := &preciseImage{name: uniqueName(t, "precise-cost"), objSize: 4 * mib, size: 4096 * mib}
-	if err := rbd.CreateImage(ioctx, p.name, p.size, imageOptions(t, false)); err != nil {
-		t.Fatal(err)
-	}
-	removeImageOnCleanup(t, ioctx, p.name)
-	img, err := rbd.OpenImage(ioctx, p.name, rbd.NoSnapshot)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer img.Close()
-	p.img = img
+	p := newCostImage(t, ioctx, "precise-cost", 4096*mib)
 	for i := uint64(0); i < 128; i++ {
 		if i == 64 {
 			w.snap(p)
@@ -625,17 +615,7 @@ func TestPreciseCost(t *testing.T) {
 	measure("4 GiB, 128 objects changed", p, "s1", 64*4096)
 
 	// 256 MiB written in full, then 4 KiB in each of its 64 objects.
-	p = &preciseImage{name: uniqueName(t, "precise-dense"), objSize: 4 * mib, size: 256 * mib}
-	if err := rbd.CreateImage(ioctx, p.name, p.size, imageOptions(t, false)); err != nil {
-		t.Fatal(err)
-	}
-	removeImageOnCleanup(t, ioctx, p.name)
-	img2, err := rbd.OpenImage(ioctx, p.name, rbd.NoSnapshot)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer img2.Close()
-	p.img = img2
+	p = newCostImage(t, ioctx, "precise-dense", 256*mib)
 	for off := uint64(0); off < p.size; off += p.objSize {
 		write(p, off, p.objSize)
 	}
@@ -647,4 +627,22 @@ func TestPreciseCost(t *testing.T) {
 	measure("256 MiB dense", p, "", int64(p.size))
 	measure("256 MiB dense", p, "s1", 64*4096)
 	t.Log("\n" + b.String())
+}
+
+// newCostImage creates an open image of 4 MiB objects for TestPreciseCost,
+// closed and removed when the test ends.
+func newCostImage(t *testing.T, ioctx *rados.IOContext, prefix string, size uint64) *preciseImage {
+	t.Helper()
+	p := &preciseImage{name: uniqueName(t, prefix), objSize: 4 * mib, size: size}
+	if err := rbd.CreateImage(ioctx, p.name, p.size, imageOptions(t, false)); err != nil {
+		t.Fatal(err)
+	}
+	removeImageOnCleanup(t, ioctx, p.name)
+	img, err := rbd.OpenImage(ioctx, p.name, rbd.NoSnapshot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { img.Close() })
+	p.img = img
+	return p
 }
