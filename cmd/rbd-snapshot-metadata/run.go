@@ -36,6 +36,7 @@ func run(args []string) int {
 		mountTO     = fs.Duration("ceph-connect-timeout", rbd.DefaultMountTimeout, "how long connecting to the monitors may take (librados client_mount_timeout)")
 		opTO        = fs.Duration("ceph-op-timeout", rbd.DefaultOpTimeout, "librados monitor and OSD operation timeout")
 		idleTO      = fs.Duration("ceph-conn-idle", rbd.DefaultIdleTimeout, "how long an unused cluster connection stays cached")
+		maxAge      = fs.Duration("ceph-conn-max-age", rbd.DefaultMaxConnAge, "how long a cluster connection serves new requests, however busy: the bound on how long a revoked cephx key keeps working")
 		grace       = fs.Duration("grace-period", 30*time.Second, "on SIGTERM, how long running streams may finish")
 		metricsAddr = fs.String("metrics-address", "", "host:port to serve Prometheus /metrics on (empty: off)")
 		showVersion = fs.Bool("version", false, "print the version and exit")
@@ -71,6 +72,7 @@ func run(args []string) int {
 		MountTimeout: *mountTO,
 		OpTimeout:    *opTO,
 		IdleTimeout:  *idleTO,
+		MaxConnAge:   *maxAge,
 		WholeObject:  wholeObject,
 		Precise:      precise,
 	})
