@@ -3,7 +3,7 @@ package rbd
 import (
 	"context"
 	"fmt"
-		"io/fs"
+	"io/fs"
 	"net"
 	"os"
 	"strconv"
