@@ -22,8 +22,7 @@
 // when the caller's context ends, or after MaxRetries failures in a row
 // without progress. Any other code (INVALID_ARGUMENT, NOT_FOUND,
 // OUT_OF_RANGE, FAILED_PRECONDITION, UNAUTHENTICATED, PERMISSION_DENIED,
-// INTERNAL, ...)
-// returns at once.
+// INTERNAL, ...) returns at once.
 //
 // # What a resumed stream may do
 //
