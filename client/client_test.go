@@ -29,6 +29,9 @@ type breaker struct {
 	n     int
 	code  codes.Code
 	calls atomic.Int64
+	// refuse is how many calls are refused with ABORTED before the
+	// handler runs, as a server at its stream limit does.
+	refuse int64
 }
 
 type breakingStream struct {
@@ -46,7 +49,9 @@ func (s *breakingStream) SendMsg(m any) error {
 }
 
 func (b *breaker) intercept(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-	b.calls.Add(1)
+	if b.calls.Add(1) <= b.refuse {
+		return status.Error(codes.Aborted, "at the limit of streams (test)")
+	}
 	if b.n < 0 {
 		return h(srv, ss)
 	}
@@ -104,8 +109,8 @@ func TestResumeEqualsUninterrupted(t *testing.T) {
 			// arrive, then it breaks (n = 0: it never makes progress).
 			pages := (len(want)+int(req.MaxResults)-1)/int(req.MaxResults) + 1
 			for n := 0; n <= pages; n++ {
-				for _, code := range []codes.Code{codes.Unavailable, codes.DeadlineExceeded} {
-					if code == codes.DeadlineExceeded && n%5 != 1 {
+				for _, code := range []codes.Code{codes.Unavailable, codes.DeadlineExceeded, codes.Aborted} {
+					if (code == codes.DeadlineExceeded && n%5 != 1) || (code == codes.Aborted && n%5 != 2) {
 						continue
 					}
 					name := fmt.Sprintf("%v %+v break after %d with %v", typ, req, n, code)
@@ -136,6 +141,38 @@ func TestResumeEqualsUninterrupted(t *testing.T) {
 		}
 	}
 }
+
+// TestRetriesAtTheLimit plays a server at its --max-streams limit, which
+// refuses streams with ABORTED before sending anything: the client backs
+// off and tries again until a slot is free.
+func TestRetriesAtTheLimit(t *testing.T) {
+	want, _, err := collect(context.Background(), newClient(t, csi.BlockMetadataType_VARIABLE_LENGTH, &breaker{n: -1}), client.Request{Target: "s2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &breaker{n: -1}
+	c := newClient(t, csi.BlockMetadataType_VARIABLE_LENGTH, b)
+	var backoffs atomic.Int64
+	c.NewBackOff = func() backoff.BackOff {
+		return &countingBackOff{n: &backoffs}
+	}
+	b.refuse = 3
+	got, p, err := collect(context.Background(), c, client.Request{Target: "s2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Fatalf("-uninterrupted +after refusals:\n%s", diff)
+	}
+	if p.Retries != 3 || backoffs.Load() != 3 || b.calls.Load() != 4 {
+		t.Errorf("progress %+v, %d backoffs, %d calls; want 3 retries after 3 backoffs", p, backoffs.Load(), b.calls.Load())
+	}
+}
+
+type countingBackOff struct{ n *atomic.Int64 }
+
+func (b *countingBackOff) NextBackOff() time.Duration { b.n.Add(1); return time.Millisecond }
+func (b *countingBackOff) Reset()                     {}
 
 func TestNonRetryableReturnsAtOnce(t *testing.T) {
 	for _, code := range []codes.Code{codes.InvalidArgument, codes.NotFound, codes.OutOfRange, codes.FailedPrecondition, codes.PermissionDenied, codes.Internal} {

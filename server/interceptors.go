@@ -84,13 +84,22 @@ func unaryInterceptor(base klog.Logger, m *metrics.Metrics) grpc.UnaryServerInte
 	}
 }
 
-func streamInterceptor(base klog.Logger, m *metrics.Metrics) grpc.StreamServerInterceptor {
+func streamInterceptor(base klog.Logger, m *metrics.Metrics, lim *streamLimit) grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) (err error) {
 		method := methodName(info.FullMethod)
-		m.StreamStarted(method)
-		defer m.StreamDone(method)
 		defer observe(m, method, time.Now(), &err)
 		ctx, l := withLogger(ss.Context(), base, info.FullMethod)
+		if limited(info.FullMethod) {
+			// Before the request is even read: a refused stream costs
+			// no cluster work.
+			if err = lim.acquire(); err != nil {
+				l.V(2).Info("RPC refused", "code", status.Code(err), "err", err)
+				return err
+			}
+			defer lim.release()
+		}
+		m.StreamStarted(method)
+		defer m.StreamDone(method)
 		w := &loggedStream{ServerStream: ss, ctx: ctx, l: l}
 		defer recovered(l, &err)
 		if err = h(srv, w); err != nil {

@@ -50,7 +50,7 @@ func (s *syncBuffer) String() string {
 
 // start runs a server on a socket in a temporary folder, logging at the
 // most verbose level into the returned buffer.
-func start(t *testing.T, src *drivertest.Source) (sock string, logs *syncBuffer, conn *grpc.ClientConn) {
+func start(t *testing.T, src *drivertest.Source, opts ...func(*server.Config)) (sock string, logs *syncBuffer, conn *grpc.ClientConn) {
 	t.Helper()
 	d, err := driver.New(src, driver.Options{Name: "rbd.csi.ceph.com", BlockMetadataType: csi.BlockMetadataType_VARIABLE_LENGTH})
 	if err != nil {
@@ -63,7 +63,11 @@ func start(t *testing.T, src *drivertest.Source) (sock string, logs *syncBuffer,
 	ready := make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
-		done <- server.Run(ctx, server.Config{Endpoint: "unix://" + sock, Services: d, GracePeriod: time.Second, Ready: func() { close(ready) }})
+		cfg := server.Config{Endpoint: "unix://" + sock, Services: d, GracePeriod: time.Second, Ready: func() { close(ready) }}
+		for _, o := range opts {
+			o(&cfg)
+		}
+		done <- server.Run(ctx, cfg)
 	}()
 	select {
 	case <-ready:
@@ -299,5 +303,74 @@ func TestMetrics(t *testing.T) {
 		if strings.Contains(body, secret) {
 			t.Errorf("/metrics carries %q", secret)
 		}
+	}
+}
+
+// TestMaxStreams holds the limit's streams open and checks that one more
+// is refused at once with ABORTED, before the source is asked for
+// anything, that Identity and health are not counted, and that a freed
+// slot serves again.
+func TestMaxStreams(t *testing.T) {
+	const limit = 3
+	src := source()
+	hold := make(chan struct{})
+	src.BeforeExtent = func(ctx context.Context, _ int) error {
+		select {
+		case <-hold:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	_, _, conn := start(t, src, func(c *server.Config) { c.MaxStreams = limit })
+	c := csi.NewSnapshotMetadataClient(conn)
+	req := &csi.GetMetadataAllocatedRequest{SnapshotId: "c1/rbd/img@s1"}
+	var held []csi.SnapshotMetadata_GetMetadataAllocatedClient
+	for range limit {
+		s, err := c.GetMetadataAllocated(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, s)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for src.OpenDiffs() < limit {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d streams opened, want %d", src.OpenDiffs(), limit)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	began := time.Now()
+	s, err := c.GetMetadataAllocated(context.Background(), req)
+	if err == nil {
+		err = drain(s.Recv)
+	}
+	if status.Code(err) != codes.Aborted || !strings.Contains(err.Error(), "--max-streams") {
+		t.Fatalf("stream beyond the limit: %v, want Aborted naming --max-streams", err)
+	}
+	if d := time.Since(began); d > time.Second {
+		t.Errorf("refusal took %v", d)
+	}
+	if n := src.Opened(); n != limit {
+		t.Errorf("the source opened %d diffs, want %d: the refused stream did work", n, limit)
+	}
+	if _, err := csi.NewIdentityClient(conn).Probe(context.Background(), &csi.ProbeRequest{}); err != nil {
+		t.Errorf("Probe at the limit: %v", err)
+	}
+	if _, err := healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{}); err != nil {
+		t.Errorf("health at the limit: %v", err)
+	}
+	close(hold)
+	for _, h := range held {
+		if err := drain(h.Recv); err != nil {
+			t.Fatalf("held stream: %v", err)
+		}
+	}
+	s, err = c.GetMetadataAllocated(context.Background(), req)
+	if err == nil {
+		err = drain(s.Recv)
+	}
+	if err != nil {
+		t.Fatalf("after the limit's streams ended: %v", err)
 	}
 }

@@ -19,6 +19,13 @@ import (
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/server"
 )
 
+// defaultMaxStreams is --max-streams' default. A stream holds at most three
+// pages (about 2 MiB at the default page size, 14 MiB at the largest), an
+// image, and in precise mode up to 16 librados calls in flight: 32 streams
+// stay within a few hundred MiB in a provisioner pod, while backup tools
+// read a few volumes at a time.
+const defaultMaxStreams = 32
+
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
 
@@ -37,6 +44,7 @@ func run(args []string) int {
 		opTO        = fs.Duration("ceph-op-timeout", rbd.DefaultOpTimeout, "librados monitor and OSD operation timeout")
 		idleTO      = fs.Duration("ceph-conn-idle", rbd.DefaultIdleTimeout, "how long an unused cluster connection stays cached")
 		grace       = fs.Duration("grace-period", 30*time.Second, "on SIGTERM, how long running streams may finish")
+		maxStreams  = fs.Int("max-streams", defaultMaxStreams, "how many GetMetadataAllocated/GetMetadataDelta streams are served at once; more are refused with ABORTED (0: no limit)")
 		metricsAddr = fs.String("metrics-address", "", "host:port to serve Prometheus /metrics on (empty: off)")
 		showVersion = fs.Bool("version", false, "print the version and exit")
 	)
@@ -89,12 +97,13 @@ func run(args []string) int {
 		return 2
 	}
 	logger.Info("Starting", "version", version, "driver", *driverName, "clusterConfig", *configPath,
-		"blockMetadataType", *blockType, "fixedBlockSize", *blockSize, "precision", *precision)
+		"blockMetadataType", *blockType, "fixedBlockSize", *blockSize, "precision", *precision, "maxStreams", *maxStreams)
 
 	ctx, stop := signal.NotifyContext(klog.NewContext(context.Background(), logger), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if err := server.Run(ctx, server.Config{
 		Endpoint: *endpoint, Services: drv, GracePeriod: *grace, Metrics: m, MetricsAddress: *metricsAddr,
+		MaxStreams: *maxStreams,
 	}); err != nil {
 		logger.Error(err, "Server failed")
 		return 1
