@@ -477,3 +477,54 @@ func FuzzRequests(f *testing.F) {
 		driver.CheckPages(t, r.pages, pageSize, true, 4096, start, 64*mib)
 	})
 }
+
+// TestStalledReaderReleased opens streams whose client never reads: each
+// ends with DEADLINE_EXCEEDED within about the stall timeout once gRPC's
+// buffers are full, and its diff is closed; a client that reads gets
+// everything.
+func TestStalledReaderReleased(t *testing.T) {
+	const stall = 200 * time.Millisecond
+	src := drivertest.NewSource()
+	var ext []driver.Extent
+	for i := range int64(100000) {
+		ext = append(ext, driver.Extent{Offset: i * 8192, Length: 4096})
+	}
+	src.Add(&drivertest.Volume{Capacity: 100000 * 8192, Allocated: map[string][]driver.Extent{"big": ext}})
+	d, err := driver.New(src, driver.Options{Name: "x", BlockMetadataType: csi.BlockMetadataType_VARIABLE_LENGTH, StallTimeout: stall})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := serve(t, d)
+	c := csi.NewSnapshotMetadataClient(conn)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const n = 8
+	var streams []csi.SnapshotMetadata_GetMetadataAllocatedClient
+	began := time.Now()
+	for range n {
+		s, err := c.GetMetadataAllocated(ctx, &csi.GetMetadataAllocatedRequest{SnapshotId: "big", MaxResults: 1000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		streams = append(streams, s)
+	}
+	// Nothing reads: every diff must be closed after about the stall
+	// timeout (plus the time to fill the buffers).
+	for src.Opened() < n || src.OpenDiffs() > 0 {
+		if time.Since(began) > 20*stall+5*time.Second {
+			t.Fatalf("after %v, %d of %d diffs still open", time.Since(began), src.OpenDiffs(), src.Opened())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("%d stalled streams released after %v", n, time.Since(began))
+	for _, s := range streams {
+		r, err := recvAll(s.Recv)
+		if status.Code(err) != codes.DeadlineExceeded || len(r.tuples) >= len(ext) {
+			t.Fatalf("stalled stream: %d tuples, %v; want a prefix and DeadlineExceeded", len(r.tuples), err)
+		}
+	}
+	r, err := allocated(t, conn, &csi.GetMetadataAllocatedRequest{SnapshotId: "big"})
+	if err != nil || len(r.tuples) != len(ext) {
+		t.Fatalf("a reading client: %d tuples, %v", len(r.tuples), err)
+	}
+}

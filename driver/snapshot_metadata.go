@@ -84,7 +84,7 @@ func (d *Driver) stream(ctx context.Context, method string, req OpenRequest, sta
 			trace.Info("Sending page", "tuples", len(page), "first", page[0].ByteOffset)
 		}
 		return send(capacity, page)
-	})
+	}, d.opts.StallTimeout)
 	sent := false
 	defer func() {
 		if !sent {

@@ -45,6 +45,7 @@ func run(args []string) int {
 		idleTO      = fs.Duration("ceph-conn-idle", rbd.DefaultIdleTimeout, "how long an unused cluster connection stays cached")
 		grace       = fs.Duration("grace-period", 30*time.Second, "on SIGTERM, how long running streams may finish")
 		maxStreams  = fs.Int("max-streams", defaultMaxStreams, "how many GetMetadataAllocated/GetMetadataDelta streams are served at once; more are refused with ABORTED (0: no limit)")
+		stall       = fs.Duration("stall-timeout", 5*time.Minute, "a stream whose client takes no page for this long ends with DEADLINE_EXCEEDED, releasing its image and thread (0: never)")
 		metricsAddr = fs.String("metrics-address", "", "host:port to serve Prometheus /metrics on (empty: off)")
 		showVersion = fs.Bool("version", false, "print the version and exit")
 	)
@@ -91,13 +92,14 @@ func run(args []string) int {
 		FixedBlockSize:    *blockSize,
 		Ready:             func() error { return checkConfig(*configPath) },
 		Observer:          m,
+		StallTimeout:      *stall,
 	})
 	if err != nil {
 		logger.Error(err, "Invalid configuration")
 		return 2
 	}
 	logger.Info("Starting", "version", version, "driver", *driverName, "clusterConfig", *configPath,
-		"blockMetadataType", *blockType, "fixedBlockSize", *blockSize, "precision", *precision, "maxStreams", *maxStreams)
+		"blockMetadataType", *blockType, "fixedBlockSize", *blockSize, "precision", *precision, "maxStreams", *maxStreams, "stallTimeout", *stall)
 
 	ctx, stop := signal.NotifyContext(klog.NewContext(context.Background(), logger), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
