@@ -45,6 +45,11 @@ type cachedConn struct {
 	idleSince time.Time // when refs last dropped to 0
 }
 
+// maxConnecting bounds the connect attempts in flight. Each is a librados
+// handle with its threads (messenger, timers) for up to
+// client_mount_timeout; eight serve a cold start of many users quickly.
+const maxConnecting = 8
+
 // errCacheClosed is returned by get after close.
 var errCacheClosed = errors.New("rbd source is closed")
 
@@ -66,6 +71,12 @@ type connCache struct {
 	shutdown func(*rados.Conn) // (*rados.Conn).Shutdown; tests count calls
 	idle     time.Duration
 
+	// dialing holds a token per connect attempt in flight: at most
+	// maxConnecting at once, so that a burst of requests with distinct
+	// (bad) credentials cannot pile up librados handles and their
+	// threads. A get waits for a token as long as its context lets it.
+	dialing chan struct{}
+
 	mu     sync.Mutex
 	conns  map[connKey]*cachedConn
 	closed bool
@@ -80,6 +91,7 @@ func newConnCache(connect func(connParams) (*rados.Conn, error), idle time.Durat
 		connect:  connect,
 		shutdown: (*rados.Conn).Shutdown,
 		idle:     idle,
+		dialing:  make(chan struct{}, maxConnecting),
 		conns:    make(map[connKey]*cachedConn),
 		stop:     make(chan struct{}),
 	}
@@ -103,10 +115,27 @@ func (c *connCache) get(ctx context.Context, p connParams) (*cachedConn, error) 
 	}
 	cc := c.conns[k]
 	if cc == nil {
-		cc = &cachedConn{key: k, ready: make(chan struct{})}
-		c.conns[k] = cc
-		c.wg.Add(1)
-		go c.dial(cc, p)
+		// A new attempt: first a token, waiting without the lock.
+		c.mu.Unlock()
+		select {
+		case c.dialing <- struct{}{}:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		c.mu.Lock()
+		if c.closed {
+			c.mu.Unlock()
+			<-c.dialing
+			return nil, errCacheClosed
+		}
+		if cc = c.conns[k]; cc != nil {
+			<-c.dialing // another get started it meanwhile
+		} else {
+			cc = &cachedConn{key: k, ready: make(chan struct{})}
+			c.conns[k] = cc
+			c.wg.Add(1)
+			go c.dial(cc, p) // gives the token back
+		}
 	}
 	cc.refs++
 	c.mu.Unlock()
@@ -124,10 +153,11 @@ func (c *connCache) get(ctx context.Context, p connParams) (*cachedConn, error) 
 	return cc, nil
 }
 
-// dial runs one connect attempt for cc.
+// dial runs one connect attempt for cc, holding a token of c.dialing.
 func (c *connCache) dial(cc *cachedConn, p connParams) {
 	defer c.wg.Done()
 	conn, err := c.connect(p)
+	<-c.dialing
 
 	c.mu.Lock()
 	cc.conn, cc.err = conn, err
