@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -146,8 +147,15 @@ func TestErrorCodes(t *testing.T) {
 		failErr  error
 		alloc    *csi.GetMetadataAllocatedRequest
 		delta    *csi.GetMetadataDeltaRequest
+		secrets  map[string]string // instead of the default
 		wantCode codes.Code
 	}{
+		{name: "allocated id at the spec's limit", alloc: &csi.GetMetadataAllocatedRequest{SnapshotId: long(128)}, wantCode: codes.NotFound},
+		{name: "allocated id beyond the spec's limit", alloc: &csi.GetMetadataAllocatedRequest{SnapshotId: long(129)}, wantCode: codes.InvalidArgument},
+		{name: "allocated id of a MiB", alloc: &csi.GetMetadataAllocatedRequest{SnapshotId: long(mib)}, wantCode: codes.InvalidArgument},
+		{name: "delta base beyond the spec's limit", delta: &csi.GetMetadataDeltaRequest{BaseSnapshotId: long(4096), TargetSnapshotId: "s2"}, wantCode: codes.InvalidArgument},
+		{name: "delta target beyond the spec's limit", delta: &csi.GetMetadataDeltaRequest{BaseSnapshotId: "s1", TargetSnapshotId: long(200)}, wantCode: codes.InvalidArgument},
+		{name: "secrets beyond the spec's limit", alloc: &csi.GetMetadataAllocatedRequest{SnapshotId: "s1"}, secrets: map[string]string{"userID": "admin", "userKey": long(5000)}, wantCode: codes.InvalidArgument},
 		{name: "allocated ok", alloc: &csi.GetMetadataAllocatedRequest{SnapshotId: "s1"}, wantCode: codes.OK},
 		{name: "allocated no id", alloc: &csi.GetMetadataAllocatedRequest{}, wantCode: codes.InvalidArgument},
 		{name: "allocated negative max", alloc: &csi.GetMetadataAllocatedRequest{SnapshotId: "s1", MaxResults: -1}, wantCode: codes.InvalidArgument},
@@ -187,23 +195,35 @@ func TestErrorCodes(t *testing.T) {
 			}
 			conn := serve(t, newDriver(t, src, csi.BlockMetadataType_VARIABLE_LENGTH, 0))
 			var err error
+			sec := secrets
+			if tt.secrets != nil {
+				sec = tt.secrets
+			}
 			if tt.alloc != nil {
-				tt.alloc.Secrets = secrets
+				tt.alloc.Secrets = sec
 				_, err = allocated(t, conn, tt.alloc)
 			} else {
-				tt.delta.Secrets = secrets
+				tt.delta.Secrets = sec
 				_, err = delta(t, conn, tt.delta)
 			}
 			if got := status.Code(err); got != tt.wantCode {
-				t.Fatalf("code = %v (%v), want %v", got, err, tt.wantCode)
+				t.Fatalf("code = %v (%.300v), want %v", got, err, tt.wantCode)
 			}
 			if err != nil && status.Convert(err).Message() == "" {
 				t.Errorf("status %v has no message", err)
+			}
+			// A status quotes no more than the spec's limit of a client's
+			// string, and never a secret.
+			if msg := status.Convert(err).Message(); len(msg) > 256 || strings.Contains(msg, long(129)) || !utf8.ValidString(msg) {
+				t.Errorf("status message of %d bytes: %.300q", len(msg), msg)
 			}
 			waitClosed(t, src)
 		})
 	}
 }
+
+// long is an ID of n bytes.
+func long(n int) string { return strings.Repeat("x", n) }
 
 // waitClosed checks that every diff the source opened was closed. The
 // server closes it as its handler returns, which may be just after the

@@ -20,6 +20,8 @@ const (
 	msgNegativeMax      = "max_results must not be negative, got %d"
 	msgNegativeOffset   = "starting_offset must not be negative, got %d"
 	msgOffsetBeyondSize = "starting_offset %d is beyond the volume's size of %d bytes"
+	msgIDTooLong        = "%s is %d bytes long, beyond the CSI limit of %d bytes: %q"
+	msgSecretsTooLarge  = "secrets are %d bytes long, beyond the CSI limit of %d bytes"
 	msgStalled          = "the client took no page for %v, so the server ended the stream (--stall-timeout); " +
 		"resume from the byte after the last tuple received"
 )

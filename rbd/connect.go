@@ -34,10 +34,11 @@ func (t timeouts) connector() func(connParams) (*rados.Conn, error) {
 //
 // Implements (through go-ceph): rados_create, rados_conf_set, rados_connect.
 func connect(p connParams, t timeouts) (*rados.Conn, error) {
-	who := "client." + p.user
+	// Errors never name the user: it comes from the request's secrets,
+	// and errors reach the client.
 	conn, err := rados.NewConnWithUser(p.user)
 	if err != nil {
-		return nil, wrap("create cluster handle for "+who, err)
+		return nil, wrap("create cluster handle for the request's cephx user", err)
 	}
 	// A handle that never connected cannot be shut down through go-ceph;
 	// its finalizer calls rados_shutdown.
@@ -65,7 +66,7 @@ func connect(p connParams, t timeouts) (*rados.Conn, error) {
 
 // connectError classifies a failed rados_connect.
 func connectError(p connParams, t timeouts, err error) error {
-	what := fmt.Sprintf("connect to monitors %s as client.%s", p.monHost, p.user)
+	what := fmt.Sprintf("connect to monitors %s as the request's cephx user", p.monHost)
 	n := errnoOf(err)
 	switch syscall.Errno(n) {
 	case syscall.EACCES, syscall.EPERM:

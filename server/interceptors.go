@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/driver"
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/metrics"
 )
 
@@ -38,14 +39,26 @@ func withLogger(ctx context.Context, base klog.Logger, method string) (context.C
 }
 
 func withRequest(ctx context.Context, l klog.Logger, req any) (context.Context, klog.Logger) {
+	// IDs beyond the CSI spec's limit (the driver refuses them) are
+	// logged clipped, never whole.
+	oversized := false
+	clip := func(id string) string {
+		c := driver.Clip(id)
+		oversized = oversized || c != id
+		return c
+	}
 	switch r := req.(type) {
 	case snapshotIDs:
-		l = klog.LoggerWithValues(l, "snapshotID", r.GetSnapshotId())
+		l = klog.LoggerWithValues(l, "snapshotID", clip(r.GetSnapshotId()))
 	case deltaIDs:
-		l = klog.LoggerWithValues(l, "baseSnapshotID", r.GetBaseSnapshotId(), "targetSnapshotID", r.GetTargetSnapshotId())
+		l = klog.LoggerWithValues(l, "baseSnapshotID", clip(r.GetBaseSnapshotId()), "targetSnapshotID", clip(r.GetTargetSnapshotId()))
 	}
-	// protosanitizer drops every field that CSI marks as secret.
-	l.V(4).Info("Request", "request", protosanitizer.StripSecrets(req))
+	if oversized {
+		l.V(4).Info("Request with an ID beyond the CSI limit, not logged whole")
+	} else {
+		// protosanitizer drops every field that CSI marks as secret.
+		l.V(4).Info("Request", "request", protosanitizer.StripSecrets(req))
+	}
 	return klog.NewContext(ctx, l), l
 }
 

@@ -374,3 +374,33 @@ func TestMaxStreams(t *testing.T) {
 		t.Fatalf("after the limit's streams ended: %v", err)
 	}
 }
+
+// TestOversizedIDsNotLogged sends IDs far beyond the CSI spec's 128 bytes:
+// INVALID_ARGUMENT, and neither the status nor the most verbose log
+// carries them whole.
+func TestOversizedIDsNotLogged(t *testing.T) {
+	_, logs, conn := start(t, source())
+	c := csi.NewSnapshotMetadataClient(conn)
+	huge := strings.Repeat("y", 1<<20)
+	s, err := c.GetMetadataAllocated(context.Background(), &csi.GetMetadataAllocatedRequest{SnapshotId: huge})
+	if err == nil {
+		err = drain(s.Recv)
+	}
+	if status.Code(err) != codes.InvalidArgument || len(err.Error()) > 300 {
+		t.Fatalf("1 MiB snapshot_id: %.300v (%d bytes), want a short InvalidArgument", err, len(err.Error()))
+	}
+	s2, err := c.GetMetadataDelta(context.Background(), &csi.GetMetadataDeltaRequest{BaseSnapshotId: "c1/rbd/img@s1", TargetSnapshotId: huge})
+	if err == nil {
+		err = drain(s2.Recv)
+	}
+	if status.Code(err) != codes.InvalidArgument || len(err.Error()) > 300 {
+		t.Fatalf("1 MiB target_snapshot_id: %.300v, want a short InvalidArgument", err)
+	}
+	out := logs.String()
+	if !strings.Contains(out, "beyond the CSI limit") {
+		t.Fatalf("the requests were not logged; the test proves nothing:\n%.2000s", out)
+	}
+	if strings.Contains(out, strings.Repeat("y", 129)) {
+		t.Errorf("an oversized ID reached the log whole (%d bytes of log)", len(out))
+	}
+}
