@@ -216,3 +216,87 @@ func TestContextEndsRetries(t *testing.T) {
 		t.Errorf("err %v, want the context's deadline", err)
 	}
 }
+
+// rawServer sends the pages it is given, whatever they hold: a broken
+// server.
+type rawServer struct {
+	csi.UnimplementedSnapshotMetadataServer
+	typ      csi.BlockMetadataType
+	capacity int64
+	pages    [][]*csi.BlockMetadata
+}
+
+func (r *rawServer) GetMetadataAllocated(_ *csi.GetMetadataAllocatedRequest, s csi.SnapshotMetadata_GetMetadataAllocatedServer) error {
+	for _, p := range r.pages {
+		if err := s.Send(&csi.GetMetadataAllocatedResponse{BlockMetadataType: r.typ, VolumeCapacityBytes: r.capacity, BlockMetadata: p}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func rawClient(t *testing.T, r *rawServer) *client.Client {
+	t.Helper()
+	lis := bufconn.Listen(1 << 20)
+	srv := grpc.NewServer()
+	csi.RegisterSnapshotMetadataServer(srv, r)
+	go func() { _ = srv.Serve(lis) }()
+	conn, err := grpc.NewClient("passthrough:///x", grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(); srv.Stop() })
+	return client.New(conn)
+}
+
+// TestRefusesBrokenTuples: tuples that overflow int64, go backwards
+// (within a page or across pages, repeated ones too), or lie beyond the
+// capacity fail the stream with ErrInconsistent, and the caller never sees
+// them; a FIXED_LENGTH block that holds the last byte is fine.
+func TestRefusesBrokenTuples(t *testing.T) {
+	const maxInt64 = 1<<63 - 1
+	tup := func(off, size int64) *csi.BlockMetadata { return &csi.BlockMetadata{ByteOffset: off, SizeBytes: size} }
+	variable, fixed := csi.BlockMetadataType_VARIABLE_LENGTH, csi.BlockMetadataType_FIXED_LENGTH
+	for _, tc := range []struct {
+		name     string
+		typ      csi.BlockMetadataType
+		capacity int64
+		pages    [][]*csi.BlockMetadata
+		ok       bool
+	}{
+		{"overflow", variable, maxInt64, [][]*csi.BlockMetadata{{tup(maxInt64-10, 100)}}, false},
+		{"overflow fixed", fixed, maxInt64, [][]*csi.BlockMetadata{{tup(maxInt64-10, 100)}}, false},
+		{"backwards in a page", variable, 1 << 20, [][]*csi.BlockMetadata{{tup(8192, 4096), tup(0, 4096)}}, false},
+		{"backwards across pages", variable, 1 << 20, [][]*csi.BlockMetadata{{tup(8192, 4096)}, {tup(4096, 4096)}}, false},
+		{"overlapping", fixed, 1 << 20, [][]*csi.BlockMetadata{{tup(0, 4096), tup(2048, 4096)}}, false},
+		{"starts at the capacity", variable, 1 << 20, [][]*csi.BlockMetadata{{tup(0, 4096), tup(1<<20, 4096)}}, false},
+		{"ends beyond the capacity", variable, 1 << 20, [][]*csi.BlockMetadata{{tup(1<<20-4096, 8192)}}, false},
+		{"fixed block beyond the capacity", fixed, 1 << 20, [][]*csi.BlockMetadata{{tup(1<<20, 4096)}}, false},
+		{"empty", variable, 1 << 20, [][]*csi.BlockMetadata{{tup(0, 0)}}, false},
+		{"negative", variable, 1 << 20, [][]*csi.BlockMetadata{{tup(-4096, 4096)}}, false},
+		{"fixed block holding the last byte", fixed, 1<<20 - 100, [][]*csi.BlockMetadata{{tup(0, 4096), tup(1<<20-4096, 4096)}}, true},
+		{"good", variable, 1 << 20, [][]*csi.BlockMetadata{{tup(0, 4096), tup(4096, 4096)}, {tup(1<<20-4096, 4096)}}, true},
+	} {
+		c := rawClient(t, &rawServer{typ: tc.typ, capacity: tc.capacity, pages: tc.pages})
+		var seen []client.Extent
+		_, err := c.Stream(context.Background(), client.Request{Target: "s"}, func(p client.Page) error {
+			seen = append(seen, p.Extents...)
+			return nil
+		})
+		if tc.ok {
+			if err != nil {
+				t.Errorf("%s: %v", tc.name, err)
+			}
+			continue
+		}
+		if !errors.Is(err, client.ErrInconsistent) {
+			t.Errorf("%s: %v, want ErrInconsistent", tc.name, err)
+		}
+		for _, e := range seen {
+			if e.Offset < 0 || e.Length <= 0 || e.Offset > maxInt64-e.Length || e.Offset >= tc.capacity {
+				t.Errorf("%s: the caller saw the broken tuple %+v", tc.name, e)
+			}
+		}
+	}
+}
