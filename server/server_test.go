@@ -404,3 +404,56 @@ func TestOversizedIDsNotLogged(t *testing.T) {
 		t.Errorf("an oversized ID reached the log whole (%d bytes of log)", len(out))
 	}
 }
+
+// TestStopLeavesSuccessorsSocket: a successor replaced the socket of a
+// server that is still stopping (it found it stale); the old server must
+// not remove the successor's socket on its way out, but does remove its
+// own.
+func TestStopLeavesSuccessorsSocket(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "csi.sock")
+	d, _ := driver.New(source(), driver.Options{Name: "x", BlockMetadataType: csi.BlockMetadataType_VARIABLE_LENGTH})
+	run := func() (stop func() error) {
+		ctx, cancel := context.WithCancel(context.Background())
+		ready := make(chan struct{})
+		done := make(chan error, 1)
+		go func() {
+			done <- server.Run(ctx, server.Config{Endpoint: "unix://" + sock, Services: d, Ready: func() { close(ready) }})
+		}()
+		select {
+		case <-ready:
+		case err := <-done:
+			t.Fatalf("Run: %v", err)
+		}
+		return func() error { cancel(); return <-done }
+	}
+	stop := run()
+	// The successor: the old socket unlinked, a new one in its place.
+	if err := os.Remove(sock); err != nil {
+		t.Fatal(err)
+	}
+	succ, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer succ.Close()
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.DialTimeout("unix", sock, time.Second)
+	if err != nil {
+		t.Fatalf("the successor's socket is gone after the old server stopped: %v", err)
+	}
+	c.Close()
+	succ.Close()
+	if _, err := os.Lstat(sock); !os.IsNotExist(err) {
+		t.Fatalf("the successor's own listener left its socket: %v", err)
+	}
+	// And a server alone removes its own socket.
+	stop = run()
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(sock); !os.IsNotExist(err) {
+		t.Errorf("socket left behind: %v", err)
+	}
+}
