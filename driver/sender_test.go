@@ -93,9 +93,10 @@ func TestSenderStall(t *testing.T) {
 		t.Errorf("wait after the stall: %v after %v, want the stall error at once", err, time.Since(began))
 	}
 
-	// Each page takes 60% of the stall timeout to send: slow, but never
-	// a stall.
-	slow := startSender(func([]*csi.BlockMetadata) error { time.Sleep(stall * 6 / 10); return nil }, stall)
+	// Each page takes a fifth of the stall timeout to send: slow, but
+	// never a stall (a generous margin for loaded machines).
+	const slowStall = 10 * stall
+	slow := startSender(func([]*csi.BlockMetadata) error { time.Sleep(slowStall / 5); return nil }, slowStall)
 	for i := range 6 {
 		if err := slow.put(newPage(1)[:1]); err != nil {
 			t.Fatalf("page %d to a slow reader: %v", i, err)
