@@ -64,7 +64,9 @@
 //	                        time, which is how reef reports a wrong key
 //	errors.ErrUnsupported   librbd cannot do this diff (rbd_diff_iterate3 needed);
 //	                        a delta with a flattened Ceph-CSI snapshot
-//	os.ErrDeadlineExceeded  the monitors are unreachable, or librados timed out
+//	os.ErrDeadlineExceeded  the monitors are unreachable, or librados timed out;
+//	                        an OSD refused a class method (EOPNOTSUPP), as a
+//	                        restarting OSD does for a while
 //
 // Context errors and the errors of Iterate's callback are returned as they
 // are. Anything else is unclassified (an internal error), including a
