@@ -457,3 +457,94 @@ func TestStopLeavesSuccessorsSocket(t *testing.T) {
 		t.Errorf("socket left behind: %v", err)
 	}
 }
+
+// freezer is a TCP proxy that can stop forwarding in both directions
+// without closing anything: a peer that vanished (a half-open connection).
+type freezer struct {
+	lis    net.Listener
+	target string
+	frozen chan struct{}
+}
+
+func (f *freezer) serve() {
+	for {
+		c, err := f.lis.Accept()
+		if err != nil {
+			return
+		}
+		s, err := net.Dial("tcp", f.target)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		pipe := func(dst, src net.Conn) {
+			buf := make([]byte, 32<<10)
+			for {
+				n, err := src.Read(buf)
+				if err != nil {
+					return
+				}
+				select {
+				case <-f.frozen:
+					<-make(chan struct{}) // hold everything, forever
+				default:
+				}
+				if _, err := dst.Write(buf[:n]); err != nil {
+					return
+				}
+			}
+		}
+		go pipe(s, c)
+		go pipe(c, s)
+	}
+}
+
+// TestKeepaliveFreesHalfOpenPeer: a client whose connection goes silent
+// mid-stream (its host vanished) no longer holds the stream: the server's
+// keepalive ping goes unanswered, the server closes the connection, and the
+// diff is released, although the client never cancels.
+func TestKeepaliveFreesHalfOpenPeer(t *testing.T) {
+	src := source()
+	src.BeforeExtent = func(ctx context.Context, _ int) error {
+		<-ctx.Done() // a diff that runs until the stream ends
+		return ctx.Err()
+	}
+	addr := freePort(t)
+	d, _ := driver.New(src, driver.Options{Name: "x", BlockMetadataType: csi.BlockMetadataType_VARIABLE_LENGTH})
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- server.Run(ctx, server.Config{Endpoint: "tcp://" + addr, Services: d, GracePeriod: time.Second,
+			Ready: func() { close(ready) }, KeepaliveTime: 200 * time.Millisecond, KeepaliveTimeout: 200 * time.Millisecond})
+	}()
+	<-ready
+	defer func() { cancel(); <-done }()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	f := &freezer{lis: lis, target: addr, frozen: make(chan struct{})}
+	go f.serve()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := csi.NewSnapshotMetadataClient(conn).GetMetadataAllocated(context.Background(), &csi.GetMetadataAllocatedRequest{SnapshotId: "c1/rbd/img@s1"}); err != nil {
+		t.Fatal(err)
+	}
+	for src.OpenDiffs() == 0 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	close(f.frozen)
+	began := time.Now()
+	for src.OpenDiffs() > 0 {
+		if time.Since(began) > 10*time.Second {
+			t.Fatal("the diff of a vanished peer is still open after 10 s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("the vanished peer's diff was released %v after it went silent (keepalive 200 ms + 200 ms)", time.Since(began).Round(time.Millisecond))
+}
