@@ -33,7 +33,10 @@
 // FIXED_LENGTH tuple cannot be clipped and still be FIXED_LENGTH, so one
 // that straddles the resume point, or a change of block type or volume
 // capacity between resumes, fails the stream with ErrInconsistent rather
-// than hand the caller an overlap or a gap.
+// than hand the caller an overlap or a gap. So does a tuple that is empty,
+// negative, ends beyond 2^63-1, lies beyond the volume's capacity (a
+// FIXED_LENGTH block may end after it, holding its last byte), or starts
+// before the end of the RPC's tuple before it.
 package client
 
 import (
@@ -41,6 +44,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
@@ -172,14 +176,16 @@ type stream struct {
 	typ       csi.BlockMetadataType
 	capacity  int64
 	callerErr bool
-	// accepted is set once the current RPC has given a tuple.
-	accepted bool
-	buf      []Extent
+	// rpcTuples is set once the current RPC has sent a tuple, which ends
+	// at rpcEnd: the RPC's next tuple must not start before.
+	rpcTuples bool
+	rpcEnd    int64
+	buf       []Extent
 }
 
 // once runs one RPC from s.next and hands its pages to the caller.
 func (c *Client) once(ctx context.Context, req Request, s *stream) error {
-	s.accepted = false
+	s.rpcTuples = false
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var recv func() (response, error)
@@ -231,15 +237,24 @@ func (s *stream) page(m response) error {
 	s.buf = s.buf[:0]
 	for _, b := range m.GetBlockMetadata() {
 		e := Extent{b.GetByteOffset(), b.GetSizeBytes()}
-		if e.Length <= 0 || e.Offset < 0 {
-			return fmt.Errorf("%w: tuple %+v", ErrInconsistent, e)
+		switch {
+		case e.Length <= 0 || e.Offset < 0:
+			return fmt.Errorf("%w: tuple %+v is empty or negative", ErrInconsistent, e)
+		case e.Offset > math.MaxInt64-e.Length:
+			return fmt.Errorf("%w: tuple %+v ends beyond 2^63-1", ErrInconsistent, e)
+		case e.Offset >= capacity || (typ != csi.BlockMetadataType_FIXED_LENGTH && e.Offset+e.Length > capacity):
+			// A FIXED_LENGTH block may hold the volume's last byte and
+			// end after it; no tuple may start beyond.
+			return fmt.Errorf("%w: tuple %+v lies beyond the volume's capacity %d", ErrInconsistent, e, capacity)
+		case s.rpcTuples && e.Offset < s.rpcEnd:
+			// Within one RPC, tuples must not go back, not even among
+			// those a resumed stream repeats.
+			return fmt.Errorf("%w: tuple %+v starts before the end %d of the one before", ErrInconsistent, e, s.rpcEnd)
 		}
+		s.rpcTuples, s.rpcEnd = true, e.Offset+e.Length
 		end := e.Offset + e.Length
 		if e.Offset < s.next {
 			switch {
-			case s.accepted:
-				// Within one RPC, tuples must not go back.
-				return fmt.Errorf("%w: tuple %+v starts before the end %d of the one before", ErrInconsistent, e, s.next)
 			case end <= s.next:
 				continue // a resumed stream repeats what was received
 			case typ == csi.BlockMetadataType_VARIABLE_LENGTH:
@@ -248,7 +263,6 @@ func (s *stream) page(m response) error {
 				return fmt.Errorf("%w: FIXED_LENGTH tuple %+v straddles the resume point %d", ErrInconsistent, e, s.next)
 			}
 		}
-		s.accepted = true
 		s.buf = append(s.buf, e)
 		s.next = end
 	}

@@ -29,6 +29,9 @@ type breaker struct {
 	n     int
 	code  codes.Code
 	calls atomic.Int64
+	// refuse is how many calls are refused with ABORTED before the
+	// handler runs, as a server at its stream limit does.
+	refuse int64
 }
 
 type breakingStream struct {
@@ -46,7 +49,9 @@ func (s *breakingStream) SendMsg(m any) error {
 }
 
 func (b *breaker) intercept(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-	b.calls.Add(1)
+	if b.calls.Add(1) <= b.refuse {
+		return status.Error(codes.Aborted, "at the limit of streams (test)")
+	}
 	if b.n < 0 {
 		return h(srv, ss)
 	}
@@ -104,8 +109,8 @@ func TestResumeEqualsUninterrupted(t *testing.T) {
 			// arrive, then it breaks (n = 0: it never makes progress).
 			pages := (len(want)+int(req.MaxResults)-1)/int(req.MaxResults) + 1
 			for n := 0; n <= pages; n++ {
-				for _, code := range []codes.Code{codes.Unavailable, codes.DeadlineExceeded} {
-					if code == codes.DeadlineExceeded && n%5 != 1 {
+				for _, code := range []codes.Code{codes.Unavailable, codes.DeadlineExceeded, codes.Aborted} {
+					if (code == codes.DeadlineExceeded && n%5 != 1) || (code == codes.Aborted && n%5 != 2) {
 						continue
 					}
 					name := fmt.Sprintf("%v %+v break after %d with %v", typ, req, n, code)
@@ -136,6 +141,38 @@ func TestResumeEqualsUninterrupted(t *testing.T) {
 		}
 	}
 }
+
+// TestRetriesAtTheLimit plays a server at its --max-streams limit, which
+// refuses streams with ABORTED before sending anything: the client backs
+// off and tries again until a slot is free.
+func TestRetriesAtTheLimit(t *testing.T) {
+	want, _, err := collect(context.Background(), newClient(t, csi.BlockMetadataType_VARIABLE_LENGTH, &breaker{n: -1}), client.Request{Target: "s2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &breaker{n: -1}
+	c := newClient(t, csi.BlockMetadataType_VARIABLE_LENGTH, b)
+	var backoffs atomic.Int64
+	c.NewBackOff = func() backoff.BackOff {
+		return &countingBackOff{n: &backoffs}
+	}
+	b.refuse = 3
+	got, p, err := collect(context.Background(), c, client.Request{Target: "s2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Fatalf("-uninterrupted +after refusals:\n%s", diff)
+	}
+	if p.Retries != 3 || backoffs.Load() != 3 || b.calls.Load() != 4 {
+		t.Errorf("progress %+v, %d backoffs, %d calls; want 3 retries after 3 backoffs", p, backoffs.Load(), b.calls.Load())
+	}
+}
+
+type countingBackOff struct{ n *atomic.Int64 }
+
+func (b *countingBackOff) NextBackOff() time.Duration { b.n.Add(1); return time.Millisecond }
+func (b *countingBackOff) Reset()                     {}
 
 func TestNonRetryableReturnsAtOnce(t *testing.T) {
 	for _, code := range []codes.Code{codes.InvalidArgument, codes.NotFound, codes.OutOfRange, codes.FailedPrecondition, codes.PermissionDenied, codes.Unauthenticated, codes.Internal} {
@@ -177,5 +214,89 @@ func TestContextEndsRetries(t *testing.T) {
 	_, _, err := collect(ctx, c, client.Request{Target: "s2"})
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("err %v, want the context's deadline", err)
+	}
+}
+
+// rawServer sends the pages it is given, whatever they hold: a broken
+// server.
+type rawServer struct {
+	csi.UnimplementedSnapshotMetadataServer
+	typ      csi.BlockMetadataType
+	capacity int64
+	pages    [][]*csi.BlockMetadata
+}
+
+func (r *rawServer) GetMetadataAllocated(_ *csi.GetMetadataAllocatedRequest, s csi.SnapshotMetadata_GetMetadataAllocatedServer) error {
+	for _, p := range r.pages {
+		if err := s.Send(&csi.GetMetadataAllocatedResponse{BlockMetadataType: r.typ, VolumeCapacityBytes: r.capacity, BlockMetadata: p}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func rawClient(t *testing.T, r *rawServer) *client.Client {
+	t.Helper()
+	lis := bufconn.Listen(1 << 20)
+	srv := grpc.NewServer()
+	csi.RegisterSnapshotMetadataServer(srv, r)
+	go func() { _ = srv.Serve(lis) }()
+	conn, err := grpc.NewClient("passthrough:///x", grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(); srv.Stop() })
+	return client.New(conn)
+}
+
+// TestRefusesBrokenTuples: tuples that overflow int64, go backwards
+// (within a page or across pages, repeated ones too), or lie beyond the
+// capacity fail the stream with ErrInconsistent, and the caller never sees
+// them; a FIXED_LENGTH block that holds the last byte is fine.
+func TestRefusesBrokenTuples(t *testing.T) {
+	const maxInt64 = 1<<63 - 1
+	tup := func(off, size int64) *csi.BlockMetadata { return &csi.BlockMetadata{ByteOffset: off, SizeBytes: size} }
+	variable, fixed := csi.BlockMetadataType_VARIABLE_LENGTH, csi.BlockMetadataType_FIXED_LENGTH
+	for _, tc := range []struct {
+		name     string
+		typ      csi.BlockMetadataType
+		capacity int64
+		pages    [][]*csi.BlockMetadata
+		ok       bool
+	}{
+		{"overflow", variable, maxInt64, [][]*csi.BlockMetadata{{tup(maxInt64-10, 100)}}, false},
+		{"overflow fixed", fixed, maxInt64, [][]*csi.BlockMetadata{{tup(maxInt64-10, 100)}}, false},
+		{"backwards in a page", variable, 1 << 20, [][]*csi.BlockMetadata{{tup(8192, 4096), tup(0, 4096)}}, false},
+		{"backwards across pages", variable, 1 << 20, [][]*csi.BlockMetadata{{tup(8192, 4096)}, {tup(4096, 4096)}}, false},
+		{"overlapping", fixed, 1 << 20, [][]*csi.BlockMetadata{{tup(0, 4096), tup(2048, 4096)}}, false},
+		{"starts at the capacity", variable, 1 << 20, [][]*csi.BlockMetadata{{tup(0, 4096), tup(1<<20, 4096)}}, false},
+		{"ends beyond the capacity", variable, 1 << 20, [][]*csi.BlockMetadata{{tup(1<<20-4096, 8192)}}, false},
+		{"fixed block beyond the capacity", fixed, 1 << 20, [][]*csi.BlockMetadata{{tup(1<<20, 4096)}}, false},
+		{"empty", variable, 1 << 20, [][]*csi.BlockMetadata{{tup(0, 0)}}, false},
+		{"negative", variable, 1 << 20, [][]*csi.BlockMetadata{{tup(-4096, 4096)}}, false},
+		{"fixed block holding the last byte", fixed, 1<<20 - 100, [][]*csi.BlockMetadata{{tup(0, 4096), tup(1<<20-4096, 4096)}}, true},
+		{"good", variable, 1 << 20, [][]*csi.BlockMetadata{{tup(0, 4096), tup(4096, 4096)}, {tup(1<<20-4096, 4096)}}, true},
+	} {
+		c := rawClient(t, &rawServer{typ: tc.typ, capacity: tc.capacity, pages: tc.pages})
+		var seen []client.Extent
+		_, err := c.Stream(context.Background(), client.Request{Target: "s"}, func(p client.Page) error {
+			seen = append(seen, p.Extents...)
+			return nil
+		})
+		if tc.ok {
+			if err != nil {
+				t.Errorf("%s: %v", tc.name, err)
+			}
+			continue
+		}
+		if !errors.Is(err, client.ErrInconsistent) {
+			t.Errorf("%s: %v, want ErrInconsistent", tc.name, err)
+		}
+		for _, e := range seen {
+			if e.Offset < 0 || e.Length <= 0 || e.Offset > maxInt64-e.Length || e.Offset >= tc.capacity {
+				t.Errorf("%s: the caller saw the broken tuple %+v", tc.name, e)
+			}
+		}
 	}
 }

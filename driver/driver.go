@@ -9,6 +9,8 @@
 // pages, whatever the size of the volume. A stream ends with OK
 // only when every extent has been sent; a cancelled call, a failed send or
 // a failed diff stops the diff at once and ends the stream with an error.
+// A client that takes no page for Options.StallTimeout gets
+// DEADLINE_EXCEEDED, and its diff is stopped and closed.
 //
 // The package needs no cgo: Ceph is behind the Source interface, and the
 // tests use a fake.
@@ -46,6 +48,9 @@ type Options struct {
 	Ready func() error
 	// Observer, when set, is told what each stream sent.
 	Observer Observer
+	// StallTimeout ends a stream with DEADLINE_EXCEEDED when its client
+	// takes no page for that long, releasing the diff. 0: no limit.
+	StallTimeout time.Duration
 }
 
 // Observer receives the figures of each finished stream, for metrics.

@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -154,8 +155,15 @@ func TestErrorCodes(t *testing.T) {
 		failErr  error
 		alloc    *csi.GetMetadataAllocatedRequest
 		delta    *csi.GetMetadataDeltaRequest
+		secrets  map[string]string // instead of the default
 		wantCode codes.Code
 	}{
+		{name: "allocated id at the spec's limit", alloc: &csi.GetMetadataAllocatedRequest{SnapshotId: long(128)}, wantCode: codes.NotFound},
+		{name: "allocated id beyond the spec's limit", alloc: &csi.GetMetadataAllocatedRequest{SnapshotId: long(129)}, wantCode: codes.InvalidArgument},
+		{name: "allocated id of a MiB", alloc: &csi.GetMetadataAllocatedRequest{SnapshotId: long(mib)}, wantCode: codes.InvalidArgument},
+		{name: "delta base beyond the spec's limit", delta: &csi.GetMetadataDeltaRequest{BaseSnapshotId: long(4096), TargetSnapshotId: "s2"}, wantCode: codes.InvalidArgument},
+		{name: "delta target beyond the spec's limit", delta: &csi.GetMetadataDeltaRequest{BaseSnapshotId: "s1", TargetSnapshotId: long(200)}, wantCode: codes.InvalidArgument},
+		{name: "secrets beyond the spec's limit", alloc: &csi.GetMetadataAllocatedRequest{SnapshotId: "s1"}, secrets: map[string]string{"userID": "admin", "userKey": long(5000)}, wantCode: codes.InvalidArgument},
 		{name: "allocated ok", alloc: &csi.GetMetadataAllocatedRequest{SnapshotId: "s1"}, wantCode: codes.OK},
 		{name: "allocated no id", alloc: &csi.GetMetadataAllocatedRequest{}, wantCode: codes.InvalidArgument},
 		{name: "allocated negative max", alloc: &csi.GetMetadataAllocatedRequest{SnapshotId: "s1", MaxResults: -1}, wantCode: codes.InvalidArgument},
@@ -196,23 +204,35 @@ func TestErrorCodes(t *testing.T) {
 			}
 			conn := serve(t, newDriver(t, src, csi.BlockMetadataType_VARIABLE_LENGTH, 0))
 			var err error
+			sec := secrets
+			if tt.secrets != nil {
+				sec = tt.secrets
+			}
 			if tt.alloc != nil {
-				tt.alloc.Secrets = secrets
+				tt.alloc.Secrets = sec
 				_, err = allocated(t, conn, tt.alloc)
 			} else {
-				tt.delta.Secrets = secrets
+				tt.delta.Secrets = sec
 				_, err = delta(t, conn, tt.delta)
 			}
 			if got := status.Code(err); got != tt.wantCode {
-				t.Fatalf("code = %v (%v), want %v", got, err, tt.wantCode)
+				t.Fatalf("code = %v (%.300v), want %v", got, err, tt.wantCode)
 			}
 			if err != nil && status.Convert(err).Message() == "" {
 				t.Errorf("status %v has no message", err)
+			}
+			// A status quotes no more than the spec's limit of a client's
+			// string, and never a secret.
+			if msg := status.Convert(err).Message(); len(msg) > 256 || strings.Contains(msg, long(129)) || !utf8.ValidString(msg) {
+				t.Errorf("status message of %d bytes: %.300q", len(msg), msg)
 			}
 			waitClosed(t, src)
 		})
 	}
 }
+
+// long is an ID of n bytes.
+func long(n int) string { return strings.Repeat("x", n) }
 
 // waitClosed checks that every diff the source opened was closed. The
 // server closes it as its handler returns, which may be just after the
@@ -485,4 +505,55 @@ func FuzzRequests(f *testing.F) {
 		}
 		driver.CheckPages(t, r.pages, pageSize, true, 4096, start, 64*mib)
 	})
+}
+
+// TestStalledReaderReleased opens streams whose client never reads: each
+// ends with DEADLINE_EXCEEDED within about the stall timeout once gRPC's
+// buffers are full, and its diff is closed; a client that reads gets
+// everything.
+func TestStalledReaderReleased(t *testing.T) {
+	const stall = 200 * time.Millisecond
+	src := drivertest.NewSource()
+	var ext []driver.Extent
+	for i := range int64(100000) {
+		ext = append(ext, driver.Extent{Offset: i * 8192, Length: 4096})
+	}
+	src.Add(&drivertest.Volume{Capacity: 100000 * 8192, Allocated: map[string][]driver.Extent{"big": ext}})
+	d, err := driver.New(src, driver.Options{Name: "x", BlockMetadataType: csi.BlockMetadataType_VARIABLE_LENGTH, StallTimeout: stall})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := serve(t, d)
+	c := csi.NewSnapshotMetadataClient(conn)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const n = 8
+	var streams []csi.SnapshotMetadata_GetMetadataAllocatedClient
+	began := time.Now()
+	for range n {
+		s, err := c.GetMetadataAllocated(ctx, &csi.GetMetadataAllocatedRequest{SnapshotId: "big", MaxResults: 1000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		streams = append(streams, s)
+	}
+	// Nothing reads: every diff must be closed after about the stall
+	// timeout (plus the time to fill the buffers).
+	for src.Opened() < n || src.OpenDiffs() > 0 {
+		if time.Since(began) > 20*stall+5*time.Second {
+			t.Fatalf("after %v, %d of %d diffs still open", time.Since(began), src.OpenDiffs(), src.Opened())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("%d stalled streams released after %v", n, time.Since(began))
+	for _, s := range streams {
+		r, err := recvAll(s.Recv)
+		if status.Code(err) != codes.DeadlineExceeded || len(r.tuples) >= len(ext) {
+			t.Fatalf("stalled stream: %d tuples, %v; want a prefix and DeadlineExceeded", len(r.tuples), err)
+		}
+	}
+	r, err := allocated(t, conn, &csi.GetMetadataAllocatedRequest{SnapshotId: "big"})
+	if err != nil || len(r.tuples) != len(ext) {
+		t.Fatalf("a reading client: %d tuples, %v", len(r.tuples), err)
+	}
 }

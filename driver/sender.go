@@ -2,6 +2,7 @@ package driver
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 )
@@ -14,18 +15,30 @@ import (
 //
 // Once a send fails (the client went away, the stream was cancelled), put
 // returns that error at once, which stops the diff.
+//
+// A client that takes no page for the stall timeout (it stopped reading,
+// or its connection hangs) would hold the diff, its image and its thread
+// forever: put and wait then give up with a *stallError, which stops the
+// diff. The goroutine may then still be blocked in the send; it returns
+// when the handler has returned and gRPC ends the stream.
 type sender struct {
 	pages  chan []*csi.BlockMetadata
 	failed chan struct{} // closed when err is set
 	done   chan struct{} // closed when the goroutine has returned
+	sent   chan struct{} // a token after each page sent: the client reads
 	err    error
+
+	stall   time.Duration // 0: wait for the client forever
+	stalled bool          // put or wait gave up; only the diff's side uses it
 }
 
-func startSender(send func([]*csi.BlockMetadata) error) *sender {
+func startSender(send func([]*csi.BlockMetadata) error, stall time.Duration) *sender {
 	s := &sender{
 		pages:  make(chan []*csi.BlockMetadata, 1),
 		failed: make(chan struct{}),
 		done:   make(chan struct{}),
+		sent:   make(chan struct{}, 1),
+		stall:  stall,
 	}
 	go s.run(send)
 	return s
@@ -40,6 +53,11 @@ func (s *sender) run(send func([]*csi.BlockMetadata) error) {
 		if err := safeSend(send, page); err != nil {
 			s.err = err
 			close(s.failed)
+			continue
+		}
+		select {
+		case s.sent <- struct{}{}:
+		default:
 		}
 	}
 }
@@ -55,25 +73,67 @@ func safeSend(send func([]*csi.BlockMetadata) error, page []*csi.BlockMetadata) 
 	return send(page)
 }
 
-// put queues a page; it blocks while two pages are in flight.
+// put queues a page; it blocks while two pages are in flight, for at most
+// the stall timeout without a page sent.
 func (s *sender) put(page []*csi.BlockMetadata) error {
 	select {
 	case <-s.failed:
 		return s.err
-	default:
-	}
-	select {
 	case s.pages <- page:
 		return nil
-	case <-s.failed:
-		return s.err
+	default:
+	}
+	return s.await(s.pages, page)
+}
+
+// await blocks until page is queued (pages non-nil) or, with pages nil,
+// until the goroutine is done; it gives up after the stall timeout
+// without a page sent.
+func (s *sender) await(pages chan []*csi.BlockMetadata, page []*csi.BlockMetadata) error {
+	failed := s.failed
+	if pages == nil {
+		failed = nil // waiting for done, which a failure brings anyway
+	}
+	var (
+		t       *time.Timer
+		timeout <-chan time.Time
+	)
+	if s.stall > 0 {
+		t = time.NewTimer(s.stall)
+		defer t.Stop()
+		timeout = t.C
+	}
+	for {
+		select {
+		case pages <- page:
+			return nil
+		case <-failed:
+			return s.err
+		case <-s.done:
+			return s.err
+		case <-s.sent:
+			if t != nil {
+				t.Reset(s.stall)
+			}
+		case <-timeout:
+			s.stalled = true
+			return &stallError{s.stall}
+		}
 	}
 }
 
 // wait sends what is queued and returns the first error of a send. It
-// must be called once; the goroutine is gone when it returns.
+// must be called once. Unless the client stalled, the goroutine is gone
+// when it returns.
 func (s *sender) wait() error {
 	close(s.pages)
-	<-s.done
-	return s.err
+	if s.stalled {
+		return &stallError{s.stall}
+	}
+	return s.await(nil, nil)
 }
+
+// stallError ends a stream whose client took no page for the stall timeout.
+type stallError struct{ timeout time.Duration }
+
+func (e *stallError) Error() string { return fmt.Sprintf(msgStalled, e.timeout) }

@@ -16,6 +16,9 @@ func (d *Driver) GetMetadataAllocated(req *csi.GetMetadataAllocatedRequest, stre
 	if req.GetSnapshotId() == "" {
 		return status.Error(codes.InvalidArgument, msgNoSnapshotID)
 	}
+	if err := checkIDs([2]string{"snapshot_id", req.GetSnapshotId()}); err != nil {
+		return err
+	}
 	open := OpenRequest{Target: req.GetSnapshotId(), Secrets: req.GetSecrets()}
 	return d.stream(stream.Context(), MethodAllocated, open, req.GetStartingOffset(), req.GetMaxResults(),
 		func(capacity int64, page []*csi.BlockMetadata) error {
@@ -36,6 +39,10 @@ func (d *Driver) GetMetadataDelta(req *csi.GetMetadataDeltaRequest, stream csi.S
 	case req.GetTargetSnapshotId() == "":
 		return status.Error(codes.InvalidArgument, msgNoTargetID)
 	}
+	if err := checkIDs([2]string{"base_snapshot_id", req.GetBaseSnapshotId()},
+		[2]string{"target_snapshot_id", req.GetTargetSnapshotId()}); err != nil {
+		return err
+	}
 	open := OpenRequest{Base: req.GetBaseSnapshotId(), Target: req.GetTargetSnapshotId(), Secrets: req.GetSecrets()}
 	return d.stream(stream.Context(), MethodDelta, open, req.GetStartingOffset(), req.GetMaxResults(),
 		func(capacity int64, page []*csi.BlockMetadata) error {
@@ -53,6 +60,9 @@ func (d *Driver) stream(ctx context.Context, method string, req OpenRequest, sta
 	send func(capacity int64, page []*csi.BlockMetadata) error) (err error) {
 	if maxResults < 0 {
 		return status.Errorf(codes.InvalidArgument, msgNegativeMax, maxResults)
+	}
+	if err := checkSecrets(req.Secrets); err != nil {
+		return err
 	}
 	if start < 0 {
 		return status.Errorf(codes.OutOfRange, msgNegativeOffset, start)
@@ -84,7 +94,7 @@ func (d *Driver) stream(ctx context.Context, method string, req OpenRequest, sta
 			trace.Info("Sending page", "tuples", len(page), "first", page[0].ByteOffset)
 		}
 		return send(capacity, page)
-	})
+	}, d.opts.StallTimeout)
 	sent := false
 	defer func() {
 		if !sent {

@@ -20,6 +20,10 @@ const (
 	msgNegativeMax      = "max_results must not be negative, got %d"
 	msgNegativeOffset   = "starting_offset must not be negative, got %d"
 	msgOffsetBeyondSize = "starting_offset %d is beyond the volume's size of %d bytes"
+	msgIDTooLong        = "%s is %d bytes long, beyond the CSI limit of %d bytes: %q"
+	msgSecretsTooLarge  = "secrets are %d bytes long, beyond the CSI limit of %d bytes"
+	msgStalled          = "the client took no page for %v, so the server ended the stream (--stall-timeout); " +
+		"resume from the byte after the last tuple received"
 )
 
 var (
@@ -38,8 +42,15 @@ func toStatus(err error) error {
 	if _, ok := status.FromError(err); ok {
 		return err
 	}
-	var code codes.Code
+	var (
+		code    codes.Code
+		stalled *stallError
+	)
 	switch {
+	case errors.As(err, &stalled):
+		// DEADLINE_EXCEEDED: the server's deadline for taking a page
+		// expired; retryable, and a client that reads resumes.
+		return status.Error(codes.DeadlineExceeded, stalled.Error())
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return status.FromContextError(err).Err()
 	case errors.Is(err, fs.ErrNotExist):

@@ -128,7 +128,8 @@ func TestReliabilityLoad(t *testing.T) {
 	} {
 		t.Run(bt.name, func(t *testing.T) {
 			addr := freeTCPAddr(t)
-			srv := startServer(t, append([]string{"--metrics-address=" + addr}, bt.flags...)...)
+			// As many streams as the load runs: the default --max-streams is lower.
+			srv := startServer(t, append([]string{"--metrics-address=" + addr, fmt.Sprintf("--max-streams=%d", relLoadStreams)}, bt.flags...)...)
 			reqs := []metaReq{
 				{target: v.id("s2")},
 				{base: v.id("s1"), target: v.id("s2")},

@@ -46,6 +46,11 @@ type cachedConn struct {
 	born      time.Time // when it connected
 }
 
+// maxConnecting bounds the connect attempts in flight. Each is a librados
+// handle with its threads (messenger, timers) for up to
+// client_mount_timeout; eight serve a cold start of many users quickly.
+const maxConnecting = 8
+
 // errCacheClosed is returned by get after close.
 var errCacheClosed = errors.New("rbd source is closed")
 
@@ -73,6 +78,12 @@ type connCache struct {
 	idle     time.Duration
 	maxAge   time.Duration
 
+	// dialing holds a token per connect attempt in flight: at most
+	// maxConnecting at once, so that a burst of requests with distinct
+	// (bad) credentials cannot pile up librados handles and their
+	// threads. A get waits for a token as long as its context lets it.
+	dialing chan struct{}
+
 	mu     sync.Mutex
 	conns  map[connKey]*cachedConn
 	closed bool
@@ -88,6 +99,7 @@ func newConnCache(connect func(connParams) (*rados.Conn, error), idle, maxAge ti
 		shutdown: (*rados.Conn).Shutdown,
 		idle:     idle,
 		maxAge:   maxAge,
+		dialing:  make(chan struct{}, maxConnecting),
 		conns:    make(map[connKey]*cachedConn),
 		stop:     make(chan struct{}),
 	}
@@ -110,7 +122,7 @@ func (c *connCache) get(ctx context.Context, p connParams) (*cachedConn, error) 
 		return nil, errCacheClosed
 	}
 	cc := c.conns[k]
-	var old *rados.Conn // too old and unused: shut down here
+	var old *rados.Conn // too old and unused: shut down below
 	if cc != nil && cc.conn != nil && time.Since(cc.born) >= c.maxAge {
 		delete(c.conns, k) // its last release shuts it down
 		if cc.refs == 0 {
@@ -119,16 +131,34 @@ func (c *connCache) get(ctx context.Context, p connParams) (*cachedConn, error) 
 		cc = nil
 	}
 	if cc == nil {
-		cc = &cachedConn{key: k, ready: make(chan struct{})}
-		c.conns[k] = cc
-		c.wg.Add(1)
-		go c.dial(cc, p)
+		// A new attempt: first a token, waiting without the lock.
+		c.mu.Unlock()
+		if old != nil {
+			c.shutdown(old)
+			old = nil
+		}
+		select {
+		case c.dialing <- struct{}{}:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		c.mu.Lock()
+		if c.closed {
+			c.mu.Unlock()
+			<-c.dialing
+			return nil, errCacheClosed
+		}
+		if cc = c.conns[k]; cc != nil {
+			<-c.dialing // another get started it meanwhile
+		} else {
+			cc = &cachedConn{key: k, ready: make(chan struct{})}
+			c.conns[k] = cc
+			c.wg.Add(1)
+			go c.dial(cc, p) // gives the token back
+		}
 	}
 	cc.refs++
 	c.mu.Unlock()
-	if old != nil {
-		c.shutdown(old)
-	}
 
 	select {
 	case <-cc.ready:
@@ -143,10 +173,11 @@ func (c *connCache) get(ctx context.Context, p connParams) (*cachedConn, error) 
 	return cc, nil
 }
 
-// dial runs one connect attempt for cc.
+// dial runs one connect attempt for cc, holding a token of c.dialing.
 func (c *connCache) dial(cc *cachedConn, p connParams) {
 	defer c.wg.Done()
 	conn, err := c.connect(p)
+	<-c.dialing
 
 	c.mu.Lock()
 	cc.conn, cc.err = conn, err

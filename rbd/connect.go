@@ -35,13 +35,14 @@ func (t timeouts) connector() func(connParams) (*rados.Conn, error) {
 //
 // Implements (through go-ceph): rados_create, rados_conf_set, rados_connect.
 func connect(p connParams, t timeouts) (*rados.Conn, error) {
-	who := "client." + p.user
+	// Errors never name the user: it comes from the request's secrets,
+	// and errors reach the client.
 	conn, err := rados.NewConnWithUser(p.user)
 	if err != nil {
-		return nil, wrap("create cluster handle for "+who, err)
+		return nil, wrap("create cluster handle for the request's cephx user", err)
 	}
-	// A handle that never connected cannot be shut down through go-ceph;
-	// its finalizer calls rados_shutdown.
+	// A handle that never connected cannot be shut down through go-ceph:
+	// shutdownUnconnected frees it, and its threads, at once.
 	for _, o := range []struct{ name, value string }{
 		{"mon_host", typeMonHost(context.Background(), p.monHost, min(dialTimeout, t.mount))},
 		{"key", p.key},
@@ -54,11 +55,13 @@ func connect(p connParams, t timeouts) (*rados.Conn, error) {
 		{"err_to_stderr", "false"},
 	} {
 		if err := conn.SetConfigOption(o.name, o.value); err != nil {
+			shutdownUnconnected(conn)
 			// Only the option's name: the value may be the key.
 			return nil, wrap("set librados option "+o.name, err)
 		}
 	}
 	if err := conn.Connect(); err != nil {
+		shutdownUnconnected(conn)
 		return nil, connectError(p, t, err)
 	}
 	return conn, nil

@@ -65,7 +65,9 @@
 //	errors.ErrUnsupported   librbd cannot do this diff (rbd_diff_iterate3 needed);
 //	                        a delta with a flattened Ceph-CSI snapshot
 //	os.ErrDeadlineExceeded  the monitors are unreachable or give no session in
-//	                        time (no quorum, hung), or librados timed out
+//	                        time (no quorum, hung), or librados timed out; an
+//	                        OSD refused a class method (EOPNOTSUPP), as a
+//	                        restarting OSD does for a while
 //
 // Context errors and the errors of Iterate's callback are returned as they
 // are. Anything else is unclassified (an internal error), including a

@@ -41,8 +41,16 @@ func kindOf(n int) error {
 		return fs.ErrPermission
 	case syscall.ETIMEDOUT:
 		return os.ErrDeadlineExceeded
-	case syscall.ENOSYS, syscall.EOPNOTSUPP:
+	case syscall.ENOSYS:
+		// librbd's own answer for a call it lacks (go-ceph's
+		// ErrNotImplemented): lasting, FAILED_PRECONDITION.
 		return errors.ErrUnsupported
+	case syscall.EOPNOTSUPP:
+		// The OSD's answer for a class method it cannot run, which a
+		// freshly restarted OSD gives for a while: passing, so
+		// UNAVAILABLE and retried, never FAILED_PRECONDITION, which
+		// tells a backup tool to give up on incrementals.
+		return os.ErrDeadlineExceeded
 	}
 	return nil
 }

@@ -39,6 +39,8 @@ func TestWrapClassifies(t *testing.T) {
 		{errno(-int(syscall.EACCES)), fs.ErrPermission},
 		{errno(-int(syscall.ETIMEDOUT)), os.ErrDeadlineExceeded},
 		{errno(int(syscall.ETIMEDOUT)), os.ErrDeadlineExceeded},
+		{errno(-int(syscall.ENOSYS)), errors.ErrUnsupported},
+		{errno(-int(syscall.EOPNOTSUPP)), os.ErrDeadlineExceeded}, // a restarting OSD: passing
 		{errno(-int(syscall.EIO)), nil},
 		{errno(-int(syscall.ECANCELED)), nil},
 		{librbd.ErrImageNotOpen, nil},

@@ -61,6 +61,15 @@ type pipeline struct {
 	wg      sync.WaitGroup
 }
 
+// maxRefining bounds the refinements running at once in the process, each
+// holding an OS thread in a librados call. Without it, many streams
+// against a slow cluster would each hold a window of threads, up to Go's
+// limit of 10000 threads, which is a fatal crash. 64 is four full windows.
+const maxRefining = 64
+
+// refineSlots holds a token per refinement running.
+var refineSlots = make(chan struct{}, maxRefining)
+
 // job is one candidate in the window.
 type job struct {
 	c     candidate
@@ -76,8 +85,16 @@ func newPipeline(ctx context.Context, objSize int64, window int, skipGone bool,
 		refine: refine, emit: emit, fellBack: fellBack}
 }
 
-// feed is the librbd callback of the whole-object diff.
-func (p *pipeline) feed(off, length uint64, exists int, _ any) int {
+// feed is the librbd callback of the whole-object diff. A panic in it
+// would unwind through librbd's C frames and abort the process: it stops
+// the pipeline instead, with an error that ends the stream non-OK.
+func (p *pipeline) feed(off, length uint64, exists int, _ any) (ret int) {
+	defer func() {
+		if r := recover(); r != nil {
+			p.stopped, p.err = true, fmt.Errorf("precise diff callback panicked: %v", r)
+			ret = errStop
+		}
+	}()
 	if p.stopped {
 		return errStop // librbd may call back after a stop
 	}
@@ -202,9 +219,14 @@ func (p *pipeline) run(c candidate) ([]span, error) {
 				err = fmt.Errorf("refining %d+%d panicked: %v", c.off, c.len, r)
 			}
 		}()
-		if err := p.ctx.Err(); err != nil {
-			return nil, err
+		// Each query is a synchronous librados call on an OS thread
+		// of its own: the slot bounds them across all streams.
+		select {
+		case refineSlots <- struct{}{}:
+		case <-p.ctx.Done():
+			return nil, p.ctx.Err()
 		}
+		defer func() { <-refineSlots }()
 		return p.refine(p.ctx, c)
 	}()
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -198,5 +199,82 @@ func TestPipelineForcedRange(t *testing.T) {
 	want = append(want, span{1200, 12}, span{2000, 25})
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("got  %v\nwant %v", got, want)
+	}
+}
+
+// TestPipelineFeedPanic: a panic inside librbd's callback must not unwind
+// through librbd (which aborts the process): feed stops librbd, and
+// finish returns an error, so that the stream ends non-OK.
+func TestPipelineFeedPanic(t *testing.T) {
+	var inFlight, peak atomic.Int64
+	p := newPipeline(context.Background(), 100, 1, false, fakeRefine(nil, &inFlight, &peak), nil, func(error) {})
+	p.emit = func(uint64, uint64, int, any) int { panic("bug in the callback") }
+	ret := 0
+	for _, e := range []span{{0, 100}, {100, 100}, {200, 100}} {
+		if ret = p.feed(uint64(e.off), uint64(e.len), 1, nil); ret < 0 {
+			break
+		}
+	}
+	if ret != errStop {
+		t.Fatalf("feed returned %d after a panic, want errStop", ret)
+	}
+	if got := p.feed(300, 100, 1, nil); got != errStop {
+		t.Errorf("feed after the panic returned %d, want errStop", got)
+	}
+	err := p.finish(nil)
+	if err == nil || !strings.Contains(err.Error(), "panicked") {
+		t.Errorf("finish: %v, want the panic as an error", err)
+	}
+}
+
+// TestPipelineRefineSlots: refinements across all pipelines never exceed
+// maxRefining at once, and a pipeline waiting for a slot stops with its
+// context.
+func TestPipelineRefineSlots(t *testing.T) {
+	var inFlight, peak atomic.Int64
+	gate := make(chan struct{})
+	refine := func(ctx context.Context, c candidate) ([]span, error) {
+		n := inFlight.Add(1)
+		defer inFlight.Add(-1)
+		for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+		}
+		<-gate
+		return []span{{c.off, 1}}, nil
+	}
+	const pipes = maxRefining/16 + 3
+	done := make(chan error, pipes)
+	for range pipes {
+		go func() {
+			p := newPipeline(context.Background(), 100, 16, false, refine, nil, func(error) {})
+			var in []span
+			for i := range int64(16) {
+				in = append(in, span{i * 100, 100})
+			}
+			_, err := runPipeline(context.Background(), p, in, -1)
+			done <- err
+		}()
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for inFlight.Load() < maxRefining && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if n := inFlight.Load(); n != maxRefining {
+		t.Errorf("%d refinements in flight, want the bound %d", n, maxRefining)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	p := newPipeline(ctx, 100, 4, false, refine, nil, func(error) {})
+	if _, err := runPipeline(ctx, p, []span{{0, 100}, {100, 100}}, -1); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("pipeline waiting for slots: %v, want its context's error", err)
+	}
+	close(gate)
+	for range pipes {
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}
+	if peak.Load() > maxRefining {
+		t.Errorf("peak %d refinements, bound %d", peak.Load(), maxRefining)
 	}
 }

@@ -7,7 +7,9 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -226,4 +228,62 @@ func TestOpenUnreachable(t *testing.T) {
 	if st := s.Stats(); st.Refs != 0 || st.Connecting != 1 {
 		t.Errorf("stats = %+v", st)
 	}
+}
+
+// TestFailedConnectsLeaveNoThreads: a failed rados_connect leaves the
+// handle's threads running until something shuts it down; connect does so
+// at once, so that wrong keys do not pile threads up.
+func TestFailedConnectsLeaveNoThreads(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	p := params
+	p.monHost, p.dial, p.key = "v1:"+addr, []string{addr}, goodSecrets[SecretUserKey]
+	tm := timeouts{mount: time.Second, op: time.Second}
+	const n = 8
+	attempt := func() {
+		var wg sync.WaitGroup
+		for range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if conn, err := connect(p, tm); err == nil {
+					conn.Shutdown()
+					t.Error("connect to nothing succeeded")
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	attempt() // Go's own threads for n cgo calls at once
+	before := osThreads(t)
+	attempt()
+	attempt()
+	after := osThreads(t)
+	t.Logf("threads: %d before, %d after %d more failed connects", before, after, 2*n)
+	if after > before+n/2 {
+		t.Errorf("%d threads after %d failed connects, %d before: their handles were left running", after, 2*n, before)
+	}
+}
+
+func osThreads(t *testing.T) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "Threads:"); ok {
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+	t.Fatal("no Threads in /proc/self/status")
+	return 0
 }

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/driver"
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/metrics"
 )
 
@@ -38,14 +39,26 @@ func withLogger(ctx context.Context, base klog.Logger, method string) (context.C
 }
 
 func withRequest(ctx context.Context, l klog.Logger, req any) (context.Context, klog.Logger) {
+	// IDs beyond the CSI spec's limit (the driver refuses them) are
+	// logged clipped, never whole.
+	oversized := false
+	clip := func(id string) string {
+		c := driver.Clip(id)
+		oversized = oversized || c != id
+		return c
+	}
 	switch r := req.(type) {
 	case snapshotIDs:
-		l = klog.LoggerWithValues(l, "snapshotID", r.GetSnapshotId())
+		l = klog.LoggerWithValues(l, "snapshotID", clip(r.GetSnapshotId()))
 	case deltaIDs:
-		l = klog.LoggerWithValues(l, "baseSnapshotID", r.GetBaseSnapshotId(), "targetSnapshotID", r.GetTargetSnapshotId())
+		l = klog.LoggerWithValues(l, "baseSnapshotID", clip(r.GetBaseSnapshotId()), "targetSnapshotID", clip(r.GetTargetSnapshotId()))
 	}
-	// protosanitizer drops every field that CSI marks as secret.
-	l.V(4).Info("Request", "request", protosanitizer.StripSecrets(req))
+	if oversized {
+		l.V(4).Info("Request with an ID beyond the CSI limit, not logged whole")
+	} else {
+		// protosanitizer drops every field that CSI marks as secret.
+		l.V(4).Info("Request", "request", protosanitizer.StripSecrets(req))
+	}
 	return klog.NewContext(ctx, l), l
 }
 
@@ -84,13 +97,22 @@ func unaryInterceptor(base klog.Logger, m *metrics.Metrics) grpc.UnaryServerInte
 	}
 }
 
-func streamInterceptor(base klog.Logger, m *metrics.Metrics) grpc.StreamServerInterceptor {
+func streamInterceptor(base klog.Logger, m *metrics.Metrics, lim *streamLimit) grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) (err error) {
 		method := methodName(info.FullMethod)
-		m.StreamStarted(method)
-		defer m.StreamDone(method)
 		defer observe(m, method, time.Now(), &err)
 		ctx, l := withLogger(ss.Context(), base, info.FullMethod)
+		if limited(info.FullMethod) {
+			// Before the request is even read: a refused stream costs
+			// no cluster work.
+			if err = lim.acquire(); err != nil {
+				l.V(2).Info("RPC refused", "code", status.Code(err), "err", err)
+				return err
+			}
+			defer lim.release()
+		}
+		m.StreamStarted(method)
+		defer m.StreamDone(method)
 		w := &loggedStream{ServerStream: ss, ctx: ctx, l: l}
 		defer recovered(l, &err)
 		if err = h(srv, w); err != nil {

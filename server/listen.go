@@ -53,9 +53,18 @@ func listen(endpoint string) (net.Listener, func(), error) {
 			l.Close()
 			return nil, nil, err
 		}
-		// The Listener removes the file when closed; this makes sure of it
-		// on every path.
-		return l, func() { _ = os.Remove(path) }, nil
+		// The file is removed on exit only while it is still ours: a
+		// successor may already have replaced a socket it found stale
+		// (this server hung, say), and removing its socket would cut the
+		// sidecar off from it. Go's listener would unlink the path
+		// blindly on Close.
+		l.(*net.UnixListener).SetUnlinkOnClose(false)
+		own, err := os.Lstat(path)
+		if err != nil {
+			l.Close()
+			return nil, nil, err
+		}
+		return l, func() { removeOwn(path, own) }, nil
 	case "tcp":
 		if u.Host == "" || strings.Trim(u.Path, "/") != "" {
 			return nil, nil, fmt.Errorf("endpoint %q: want tcp://host:port", endpoint)
@@ -64,6 +73,14 @@ func listen(endpoint string) (net.Listener, func(), error) {
 		return l, func() {}, err
 	default:
 		return nil, nil, fmt.Errorf("endpoint %q: scheme must be unix or tcp", endpoint)
+	}
+}
+
+// removeOwn removes the socket at path if it is still the file own, the
+// one this server created (same device and inode).
+func removeOwn(path string, own os.FileInfo) {
+	if fi, err := os.Lstat(path); err == nil && os.SameFile(fi, own) {
+		_ = os.Remove(path)
 	}
 }
 

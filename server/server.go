@@ -3,6 +3,9 @@
 // that give every request a contextual logger (with its secrets stripped)
 // and turn a handler's panic into INTERNAL.
 //
+// Streams beyond Config.MaxStreams are refused with ABORTED before any
+// work; server keepalive pings close connections whose peer is gone.
+//
 // Run serves until its context ends, then stops gracefully: it reports
 // NOT_SERVING, lets running streams finish for a grace period, cancels
 // the rest, and removes the socket.
@@ -18,6 +21,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"k8s.io/klog/v2"
 
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/metrics"
@@ -45,7 +49,29 @@ type Config struct {
 	// MetricsAddress, when set, is the host:port where /metrics is served
 	// over HTTP.
 	MetricsAddress string
+	// MaxStreams bounds the SnapshotMetadata streams served at once; one
+	// more is refused with ABORTED. 0 is no limit.
+	MaxStreams int
+	// KeepaliveTime is how long a connection may be silent before the
+	// server pings its peer; KeepaliveTimeout how long it then waits for
+	// the answer before it closes the connection and cancels its streams.
+	// Zero values select DefaultKeepaliveTime and DefaultKeepaliveTimeout.
+	KeepaliveTime, KeepaliveTimeout time.Duration
 }
+
+// Keepalive defaults. A peer that vanished without closing its connection
+// (a half-open TCP connection: a node lost, a network cut) holds its
+// streams, their images and threads until TCP gives up, which takes
+// hours; the server's pings find it within a minute and a half.
+const (
+	DefaultKeepaliveTime    = time.Minute
+	DefaultKeepaliveTimeout = 20 * time.Second
+	// keepaliveMinTime is the shortest ping interval a client may use;
+	// one that pings more often is sent GOAWAY. It is lenient, so that
+	// clients with keepalive settings of their own (gRPC's floor is 10 s)
+	// are not cut off, while a ping flood is.
+	keepaliveMinTime = 10 * time.Second
+)
 
 // Run serves cfg.Services on cfg.Endpoint until ctx ends.
 func Run(ctx context.Context, cfg Config) error {
@@ -64,9 +90,18 @@ func Run(ctx context.Context, cfg Config) error {
 		defer stop()
 	}
 
+	kaTime, kaTimeout := cfg.KeepaliveTime, cfg.KeepaliveTimeout
+	if kaTime <= 0 {
+		kaTime = DefaultKeepaliveTime
+	}
+	if kaTimeout <= 0 {
+		kaTimeout = DefaultKeepaliveTimeout
+	}
 	srv := grpc.NewServer(
 		grpc.ChainUnaryInterceptor(unaryInterceptor(logger, cfg.Metrics)),
-		grpc.ChainStreamInterceptor(streamInterceptor(logger, cfg.Metrics)),
+		grpc.ChainStreamInterceptor(streamInterceptor(logger, cfg.Metrics, newStreamLimit(cfg.MaxStreams))),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: kaTime, Timeout: kaTimeout}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: min(keepaliveMinTime, kaTime), PermitWithoutStream: true}),
 	)
 	csi.RegisterIdentityServer(srv, cfg.Services)
 	csi.RegisterSnapshotMetadataServer(srv, cfg.Services)

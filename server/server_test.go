@@ -50,7 +50,7 @@ func (s *syncBuffer) String() string {
 
 // start runs a server on a socket in a temporary folder, logging at the
 // most verbose level into the returned buffer.
-func start(t *testing.T, src *drivertest.Source) (sock string, logs *syncBuffer, conn *grpc.ClientConn) {
+func start(t *testing.T, src *drivertest.Source, opts ...func(*server.Config)) (sock string, logs *syncBuffer, conn *grpc.ClientConn) {
 	t.Helper()
 	d, err := driver.New(src, driver.Options{Name: "rbd.csi.ceph.com", BlockMetadataType: csi.BlockMetadataType_VARIABLE_LENGTH})
 	if err != nil {
@@ -63,7 +63,11 @@ func start(t *testing.T, src *drivertest.Source) (sock string, logs *syncBuffer,
 	ready := make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
-		done <- server.Run(ctx, server.Config{Endpoint: "unix://" + sock, Services: d, GracePeriod: time.Second, Ready: func() { close(ready) }})
+		cfg := server.Config{Endpoint: "unix://" + sock, Services: d, GracePeriod: time.Second, Ready: func() { close(ready) }}
+		for _, o := range opts {
+			o(&cfg)
+		}
+		done <- server.Run(ctx, cfg)
 	}()
 	select {
 	case <-ready:
@@ -300,4 +304,247 @@ func TestMetrics(t *testing.T) {
 			t.Errorf("/metrics carries %q", secret)
 		}
 	}
+}
+
+// TestMaxStreams holds the limit's streams open and checks that one more
+// is refused at once with ABORTED, before the source is asked for
+// anything, that Identity and health are not counted, and that a freed
+// slot serves again.
+func TestMaxStreams(t *testing.T) {
+	const limit = 3
+	src := source()
+	hold := make(chan struct{})
+	src.BeforeExtent = func(ctx context.Context, _ int) error {
+		select {
+		case <-hold:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	_, _, conn := start(t, src, func(c *server.Config) { c.MaxStreams = limit })
+	c := csi.NewSnapshotMetadataClient(conn)
+	req := &csi.GetMetadataAllocatedRequest{SnapshotId: "c1/rbd/img@s1"}
+	var held []csi.SnapshotMetadata_GetMetadataAllocatedClient
+	for range limit {
+		s, err := c.GetMetadataAllocated(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, s)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for src.OpenDiffs() < limit {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d streams opened, want %d", src.OpenDiffs(), limit)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	began := time.Now()
+	s, err := c.GetMetadataAllocated(context.Background(), req)
+	if err == nil {
+		err = drain(s.Recv)
+	}
+	if status.Code(err) != codes.Aborted || !strings.Contains(err.Error(), "--max-streams") {
+		t.Fatalf("stream beyond the limit: %v, want Aborted naming --max-streams", err)
+	}
+	if d := time.Since(began); d > time.Second {
+		t.Errorf("refusal took %v", d)
+	}
+	if n := src.Opened(); n != limit {
+		t.Errorf("the source opened %d diffs, want %d: the refused stream did work", n, limit)
+	}
+	if _, err := csi.NewIdentityClient(conn).Probe(context.Background(), &csi.ProbeRequest{}); err != nil {
+		t.Errorf("Probe at the limit: %v", err)
+	}
+	if _, err := healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{}); err != nil {
+		t.Errorf("health at the limit: %v", err)
+	}
+	close(hold)
+	for _, h := range held {
+		if err := drain(h.Recv); err != nil {
+			t.Fatalf("held stream: %v", err)
+		}
+	}
+	s, err = c.GetMetadataAllocated(context.Background(), req)
+	if err == nil {
+		err = drain(s.Recv)
+	}
+	if err != nil {
+		t.Fatalf("after the limit's streams ended: %v", err)
+	}
+}
+
+// TestOversizedIDsNotLogged sends IDs far beyond the CSI spec's 128 bytes:
+// INVALID_ARGUMENT, and neither the status nor the most verbose log
+// carries them whole.
+func TestOversizedIDsNotLogged(t *testing.T) {
+	_, logs, conn := start(t, source())
+	c := csi.NewSnapshotMetadataClient(conn)
+	huge := strings.Repeat("y", 1<<20)
+	s, err := c.GetMetadataAllocated(context.Background(), &csi.GetMetadataAllocatedRequest{SnapshotId: huge})
+	if err == nil {
+		err = drain(s.Recv)
+	}
+	if status.Code(err) != codes.InvalidArgument || len(err.Error()) > 300 {
+		t.Fatalf("1 MiB snapshot_id: %.300v (%d bytes), want a short InvalidArgument", err, len(err.Error()))
+	}
+	s2, err := c.GetMetadataDelta(context.Background(), &csi.GetMetadataDeltaRequest{BaseSnapshotId: "c1/rbd/img@s1", TargetSnapshotId: huge})
+	if err == nil {
+		err = drain(s2.Recv)
+	}
+	if status.Code(err) != codes.InvalidArgument || len(err.Error()) > 300 {
+		t.Fatalf("1 MiB target_snapshot_id: %.300v, want a short InvalidArgument", err)
+	}
+	out := logs.String()
+	if !strings.Contains(out, "beyond the CSI limit") {
+		t.Fatalf("the requests were not logged; the test proves nothing:\n%.2000s", out)
+	}
+	if strings.Contains(out, strings.Repeat("y", 129)) {
+		t.Errorf("an oversized ID reached the log whole (%d bytes of log)", len(out))
+	}
+}
+
+// TestStopLeavesSuccessorsSocket: a successor replaced the socket of a
+// server that is still stopping (it found it stale); the old server must
+// not remove the successor's socket on its way out, but does remove its
+// own.
+func TestStopLeavesSuccessorsSocket(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "csi.sock")
+	d, _ := driver.New(source(), driver.Options{Name: "x", BlockMetadataType: csi.BlockMetadataType_VARIABLE_LENGTH})
+	run := func() (stop func() error) {
+		ctx, cancel := context.WithCancel(context.Background())
+		ready := make(chan struct{})
+		done := make(chan error, 1)
+		go func() {
+			done <- server.Run(ctx, server.Config{Endpoint: "unix://" + sock, Services: d, Ready: func() { close(ready) }})
+		}()
+		select {
+		case <-ready:
+		case err := <-done:
+			t.Fatalf("Run: %v", err)
+		}
+		return func() error { cancel(); return <-done }
+	}
+	stop := run()
+	// The successor: the old socket unlinked, a new one in its place.
+	if err := os.Remove(sock); err != nil {
+		t.Fatal(err)
+	}
+	succ, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer succ.Close()
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.DialTimeout("unix", sock, time.Second)
+	if err != nil {
+		t.Fatalf("the successor's socket is gone after the old server stopped: %v", err)
+	}
+	c.Close()
+	succ.Close()
+	if _, err := os.Lstat(sock); !os.IsNotExist(err) {
+		t.Fatalf("the successor's own listener left its socket: %v", err)
+	}
+	// And a server alone removes its own socket.
+	stop = run()
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(sock); !os.IsNotExist(err) {
+		t.Errorf("socket left behind: %v", err)
+	}
+}
+
+// freezer is a TCP proxy that can stop forwarding in both directions
+// without closing anything: a peer that vanished (a half-open connection).
+type freezer struct {
+	lis    net.Listener
+	target string
+	frozen chan struct{}
+}
+
+func (f *freezer) serve() {
+	for {
+		c, err := f.lis.Accept()
+		if err != nil {
+			return
+		}
+		s, err := net.Dial("tcp", f.target)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		pipe := func(dst, src net.Conn) {
+			buf := make([]byte, 32<<10)
+			for {
+				n, err := src.Read(buf)
+				if err != nil {
+					return
+				}
+				select {
+				case <-f.frozen:
+					<-make(chan struct{}) // hold everything, forever
+				default:
+				}
+				if _, err := dst.Write(buf[:n]); err != nil {
+					return
+				}
+			}
+		}
+		go pipe(s, c)
+		go pipe(c, s)
+	}
+}
+
+// TestKeepaliveFreesHalfOpenPeer: a client whose connection goes silent
+// mid-stream (its host vanished) no longer holds the stream: the server's
+// keepalive ping goes unanswered, the server closes the connection, and the
+// diff is released, although the client never cancels.
+func TestKeepaliveFreesHalfOpenPeer(t *testing.T) {
+	src := source()
+	src.BeforeExtent = func(ctx context.Context, _ int) error {
+		<-ctx.Done() // a diff that runs until the stream ends
+		return ctx.Err()
+	}
+	addr := freePort(t)
+	d, _ := driver.New(src, driver.Options{Name: "x", BlockMetadataType: csi.BlockMetadataType_VARIABLE_LENGTH})
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- server.Run(ctx, server.Config{Endpoint: "tcp://" + addr, Services: d, GracePeriod: time.Second,
+			Ready: func() { close(ready) }, KeepaliveTime: 200 * time.Millisecond, KeepaliveTimeout: 200 * time.Millisecond})
+	}()
+	<-ready
+	defer func() { cancel(); <-done }()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	f := &freezer{lis: lis, target: addr, frozen: make(chan struct{})}
+	go f.serve()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := csi.NewSnapshotMetadataClient(conn).GetMetadataAllocated(context.Background(), &csi.GetMetadataAllocatedRequest{SnapshotId: "c1/rbd/img@s1"}); err != nil {
+		t.Fatal(err)
+	}
+	for src.OpenDiffs() == 0 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	close(f.frozen)
+	began := time.Now()
+	for src.OpenDiffs() > 0 {
+		if time.Since(began) > 10*time.Second {
+			t.Fatal("the diff of a vanished peer is still open after 10 s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("the vanished peer's diff was released %v after it went silent (keepalive 200 ms + 200 ms)", time.Since(began).Round(time.Millisecond))
 }

@@ -19,6 +19,13 @@ import (
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/server"
 )
 
+// defaultMaxStreams is --max-streams' default. A stream holds at most three
+// pages (about 2 MiB at the default page size, 14 MiB at the largest), an
+// image, and in precise mode up to 16 librados calls in flight: 32 streams
+// stay within a few hundred MiB in a provisioner pod, while backup tools
+// read a few volumes at a time.
+const defaultMaxStreams = 32
+
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
 
@@ -38,6 +45,8 @@ func run(args []string) int {
 		idleTO      = fs.Duration("ceph-conn-idle", rbd.DefaultIdleTimeout, "how long an unused cluster connection stays cached")
 		maxAge      = fs.Duration("ceph-conn-max-age", rbd.DefaultMaxConnAge, "how long a cluster connection serves new requests, however busy: the bound on how long a revoked cephx key keeps working")
 		grace       = fs.Duration("grace-period", 30*time.Second, "on SIGTERM, how long running streams may finish")
+		maxStreams  = fs.Int("max-streams", defaultMaxStreams, "how many GetMetadataAllocated/GetMetadataDelta streams are served at once; more are refused with ABORTED (0: no limit)")
+		stall       = fs.Duration("stall-timeout", 5*time.Minute, "a stream whose client takes no page for this long ends with DEADLINE_EXCEEDED, releasing its image and thread (0: never)")
 		metricsAddr = fs.String("metrics-address", "", "host:port to serve Prometheus /metrics on (empty: off)")
 		showVersion = fs.Bool("version", false, "print the version and exit")
 	)
@@ -85,18 +94,20 @@ func run(args []string) int {
 		FixedBlockSize:    *blockSize,
 		Ready:             func() error { return checkConfig(*configPath) },
 		Observer:          m,
+		StallTimeout:      *stall,
 	})
 	if err != nil {
 		logger.Error(err, "Invalid configuration")
 		return 2
 	}
 	logger.Info("Starting", "version", version, "driver", *driverName, "clusterConfig", *configPath,
-		"blockMetadataType", *blockType, "fixedBlockSize", *blockSize, "precision", *precision)
+		"blockMetadataType", *blockType, "fixedBlockSize", *blockSize, "precision", *precision, "maxStreams", *maxStreams, "stallTimeout", *stall)
 
 	ctx, stop := signal.NotifyContext(klog.NewContext(context.Background(), logger), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if err := server.Run(ctx, server.Config{
 		Endpoint: *endpoint, Services: drv, GracePeriod: *grace, Metrics: m, MetricsAddress: *metricsAddr,
+		MaxStreams: *maxStreams,
 	}); err != nil {
 		logger.Error(err, "Server failed")
 		return 1

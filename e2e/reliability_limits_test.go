@@ -1,0 +1,276 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+)
+
+// threads is the number of OS threads of process pid.
+func threads(t testing.TB, pid int) int64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatalf("read /proc/%d/status: %v", pid, err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "Threads:"); ok {
+			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			if err != nil {
+				t.Fatalf("/proc/%d/status: %q", pid, line)
+			}
+			return n
+		}
+	}
+	t.Fatalf("/proc/%d/status has no Threads", pid)
+	return 0
+}
+
+// heapInuse is the server's Go heap in use, in KiB.
+func heapInuse(t testing.TB, addr string) int64 {
+	v, ok := metricValue(scrape(t, addr), "go_memstats_heap_inuse_bytes")
+	if !ok {
+		t.Fatalf("/metrics has no go_memstats_heap_inuse_bytes")
+	}
+	return int64(v) / 1024
+}
+
+// inFlight is the server's streams_in_flight, both RPCs.
+func inFlight(t testing.TB, addr string) float64 {
+	body := scrape(t, addr)
+	n := 0.0
+	for _, m := range []string{"GetMetadataAllocated", "GetMetadataDelta"} {
+		v, _ := metricValue(body, `rbd_snapshot_metadata_streams_in_flight{method="`+m+`"}`)
+		n += v
+	}
+	return n
+}
+
+// stallRound is what one round of never-reading streams did.
+type stallRound struct {
+	full, released, refused time.Duration // since the streams opened; the refusal's own
+	heldThreads             int64
+	goroutines              float64
+	threads, rss, heap      int64 // after; KiB but threads
+}
+
+// TestReliabilityLimits holds --max-streams streams whose client never
+// reads (a stalled backup tool), twice: one more stream is refused at once
+// with ABORTED; the stalled ones end with DEADLINE_EXCEEDED at
+// --stall-timeout and release their images, threads and memory (the second
+// round ends where the first did); then a burst of requests with distinct
+// wrong keys is answered without piling up threads.
+func TestReliabilityLimits(t *testing.T) {
+	const (
+		streams = 40
+		stall   = 5 * time.Second
+	)
+	conn := connectAdmin(t)
+	// 64 MiB written in full: 65536 FIXED_LENGTH 1 KiB tuples, 64 pages
+	// of 1024 tuples (about 10 KiB encoded): gRPC's windows (64 KiB on the
+	// client, 64 KiB of the server's write quota) hold about 13, so a
+	// stream that is not read blocks at about its 16th page. --precision
+	// exact: the diffs themselves take milliseconds, so the stall timer
+	// starts right after the streams open.
+	v, img := createVolume(t, conn, "", "stall", 64*mib, imageFeatures)
+	for off := uint64(0); off < 64*mib; off += 4 * mib {
+		fillAt(t, img, off, 4*mib)
+	}
+	snapshot(t, img, "s1")
+	addr := freeTCPAddr(t)
+	srv := startServer(t, "--metrics-address="+addr, fmt.Sprintf("--max-streams=%d", streams),
+		"--stall-timeout="+stall.String(), "--block-metadata-type", "FIXED_LENGTH", "--fixed-block-size", "1024", "--precision=exact")
+	req := metaReq{target: v.id("s1"), max: 1024, secrets: csiSecrets(t)}
+	want := srv.get(t, req).tuples()
+	if len(want) != 65536 {
+		t.Fatalf("%d tuples, want 65536", len(want))
+	}
+	g0, rss0 := settled(t, srv, addr, 1e9)
+	th0, heap0 := threads(t, srv.pid()), heapInuse(t, addr)
+	t.Logf("baseline: %.0f goroutines, %d threads, RSS %s, Go heap in use %s", g0, th0, fmtKiB(rss0), fmtKiB(heap0))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+
+	round := func(t *testing.T) stallRound {
+		// The stalled client: its own connection, with gRPC's fixed
+		// 64 KiB windows (no BDP growth), that never reads.
+		stalled, err := grpc.NewClient("unix://"+srv.sock, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer stalled.Close()
+		sm := csi.NewSnapshotMetadataClient(stalled)
+		var r stallRound
+		t0 := time.Now()
+		held := make([]csi.SnapshotMetadata_GetMetadataAllocatedClient, streams)
+		for i := range held {
+			if held[i], err = sm.GetMetadataAllocated(ctx, &csi.GetMetadataAllocatedRequest{
+				SnapshotId: req.target, MaxResults: req.max, Secrets: req.secrets}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for inFlight(t, addr) < streams {
+			if time.Since(t0) > stall {
+				t.Fatalf("only %.0f of %d streams in flight after %v", inFlight(t, addr), streams, time.Since(t0))
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		r.full = time.Since(t0)
+		r.heldThreads = threads(t, srv.pid())
+
+		// The limit holds: one more is refused at once, and does no work.
+		began := time.Now()
+		m := srv.call(ctx, req)
+		r.refused = time.Since(began)
+		if status.Code(m.err) != codes.Aborted || !strings.Contains(m.err.Error(), "--max-streams") || len(m.pages) != 0 {
+			t.Errorf("stream %d: %d pages, %v; want ABORTED naming --max-streams", streams+1, len(m.pages), m.err)
+		}
+		if r.refused > time.Second {
+			t.Errorf("the refusal took %v", r.refused)
+		}
+
+		// The stalled streams end on time.
+		for inFlight(t, addr) > 0 {
+			if time.Since(t0) > 3*stall+10*time.Second {
+				t.Fatalf("%.0f streams still in flight %v after they opened (--stall-timeout=%v)", inFlight(t, addr), time.Since(t0), stall)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		r.released = time.Since(t0)
+		if r.released > stall+3*time.Second {
+			t.Errorf("stalled streams released %v after they opened, want about %v", r.released, stall)
+		}
+		for i, h := range held {
+			var n int
+			for {
+				resp, err := h.Recv()
+				if err != nil {
+					if status.Code(err) != codes.DeadlineExceeded || !strings.Contains(err.Error(), "--stall-timeout") {
+						t.Errorf("stalled stream %d: %v after %d tuples, want DEADLINE_EXCEEDED naming --stall-timeout", i, err, n)
+					}
+					break
+				}
+				n += len(resp.GetBlockMetadata())
+			}
+			if n >= len(want) {
+				t.Errorf("stalled stream %d got all %d tuples", i, n)
+			}
+		}
+		stalled.Close()
+		r.goroutines, r.rss = settled(t, srv, addr, g0)
+		r.threads, r.heap = threads(t, srv.pid()), heapInuse(t, addr)
+		t.Logf("%d never-reading streams: all in flight after %v, %d threads; stream %d refused with ABORTED in %v; "+
+			"all released %v after they opened (--stall-timeout=%v); after: %.0f goroutines, %d threads, RSS %s, Go heap in use %s",
+			streams, r.full.Round(time.Millisecond), r.heldThreads, streams+1, r.refused.Round(time.Microsecond),
+			r.released.Round(time.Millisecond), stall, r.goroutines, r.threads, fmtKiB(r.rss), fmtKiB(r.heap))
+		if r.goroutines > g0+5 {
+			t.Errorf("%.0f goroutines after, %.0f before", r.goroutines, g0)
+		}
+		if r.heap > heap0+32<<10 {
+			t.Errorf("Go heap in use %s after, %s before", fmtKiB(r.heap), fmtKiB(heap0))
+		}
+		if m := srv.call(ctx, req); m.err != nil || diffSpans(want, m.tuples()) != "" {
+			t.Errorf("after the stalled streams: %v", m.err)
+		}
+		return r
+	}
+	r1 := round(t)
+	r2 := round(t)
+	// Go keeps the threads and pages it once used (idle threads are
+	// parked, freed pages go back to the OS lazily): the first round may
+	// grow them, the second must not.
+	if r2.threads > r1.threads+4 {
+		t.Errorf("threads grow round after round: %d, then %d", r1.threads, r2.threads)
+	}
+	if r2.rss > r1.rss+16<<10 || r2.rss > rss0+64<<10 {
+		t.Errorf("RSS grows: %s before, %s after round 1, %s after round 2", fmtKiB(rss0), fmtKiB(r1.rss), fmtKiB(r2.rss))
+	}
+	for began := time.Now(); ; time.Sleep(time.Second) {
+		if r := procStatus(t, srv.pid())["VmRSS"]; r <= rss0+16<<10 || time.Since(began) > 20*time.Second {
+			t.Logf("RSS %s %v after the second round (baseline %s)", fmtKiB(r), time.Since(began).Round(time.Second), fmtKiB(rss0))
+			break
+		}
+	}
+
+	t.Run("connect-burst", func(t *testing.T) {
+		// Distinct wrong keys: each its own connect attempt, at most a
+		// few at once.
+		const burst = 40
+		th0 := threads(t, srv.pid())
+		var (
+			wg      sync.WaitGroup
+			mu      sync.Mutex
+			answers = map[codes.Code]int{}
+			peak    int64
+			done    = make(chan struct{})
+		)
+		go func() {
+			for {
+				select {
+				case <-done:
+					return
+				case <-time.After(5 * time.Millisecond):
+				}
+				if n := threads(t, srv.pid()); n > peak {
+					mu.Lock()
+					peak = n
+					mu.Unlock()
+				}
+			}
+		}()
+		b, _ := base64.StdEncoding.DecodeString(clusterEnv(t, "CEPH_CSI_KEY"))
+		began := time.Now()
+		for i := range burst {
+			k := append([]byte(nil), b...)
+			k[len(k)-1] ^= byte(i + 1)
+			k[len(k)-2] ^= 0x5a
+			r := metaReq{target: req.target, max: 1, secrets: map[string]string{
+				"userID": clusterEnv(t, "CEPH_CSI_USER"), "userKey": base64.StdEncoding.EncodeToString(k)}}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				m := srv.call(ctx, r)
+				mu.Lock()
+				answers[status.Code(m.err)]++
+				mu.Unlock()
+			}()
+		}
+		wg.Wait()
+		took := time.Since(began)
+		close(done)
+		time.Sleep(500 * time.Millisecond)
+		th := threads(t, srv.pid())
+		mu.Lock()
+		defer mu.Unlock()
+		t.Logf("%d requests with distinct wrong keys: %v in %v; threads %d before, peak %d, %d after",
+			burst, answers, took.Round(time.Millisecond), th0, peak, th)
+		for c := range answers {
+			// Refused credentials, as the spec's table has them.
+			if c != codes.Unauthenticated {
+				t.Errorf("wrong keys answered %v", answers)
+			}
+		}
+		// A failed connect's handle is shut down at once: its threads go.
+		if th > th0+10 {
+			t.Errorf("%d threads after the burst, %d before: failed connects left their threads", th, th0)
+		}
+		if m := srv.call(ctx, req); m.err != nil {
+			t.Errorf("after the burst: %v", m.err)
+		}
+	})
+}
