@@ -21,8 +21,8 @@
 // backoff starts again after each stream that made progress. Retries end
 // when the caller's context ends, or after MaxRetries failures in a row
 // without progress. Any other code (INVALID_ARGUMENT, NOT_FOUND,
-// OUT_OF_RANGE, FAILED_PRECONDITION, PERMISSION_DENIED, INTERNAL, ...)
-// returns at once.
+// OUT_OF_RANGE, FAILED_PRECONDITION, UNAUTHENTICATED, PERMISSION_DENIED,
+// INTERNAL, ...) returns at once.
 //
 // # What a resumed stream may do
 //

@@ -175,7 +175,7 @@ func (b *countingBackOff) NextBackOff() time.Duration { b.n.Add(1); return time.
 func (b *countingBackOff) Reset()                     {}
 
 func TestNonRetryableReturnsAtOnce(t *testing.T) {
-	for _, code := range []codes.Code{codes.InvalidArgument, codes.NotFound, codes.OutOfRange, codes.FailedPrecondition, codes.PermissionDenied, codes.Internal} {
+	for _, code := range []codes.Code{codes.InvalidArgument, codes.NotFound, codes.OutOfRange, codes.FailedPrecondition, codes.PermissionDenied, codes.Unauthenticated, codes.Internal} {
 		b := &breaker{n: 1, code: code}
 		c := newClient(t, csi.BlockMetadataType_VARIABLE_LENGTH, b)
 		_, p, err := collect(context.Background(), c, client.Request{Target: "s2", MaxResults: 5})

@@ -144,6 +144,14 @@ func delta(t testing.TB, conn *grpc.ClientConn, req *csi.GetMetadataDeltaRequest
 
 var errMidStream = errors.New("osd went away")
 
+// refusedLogin is a Source error that says the credentials were refused; it
+// is also fs.ErrPermission, as rbd's is.
+type refusedLogin struct{}
+
+func (refusedLogin) Error() string         { return "authentication failed" }
+func (refusedLogin) Unwrap() error         { return fs.ErrPermission }
+func (refusedLogin) Unauthenticated() bool { return true }
+
 func TestErrorCodes(t *testing.T) {
 	secrets := map[string]string{"userID": "admin", "userKey": "AQ=="}
 	tests := []struct {
@@ -172,6 +180,7 @@ func TestErrorCodes(t *testing.T) {
 		{name: "allocated huge max", alloc: &csi.GetMetadataAllocatedRequest{SnapshotId: "s1", MaxResults: 1<<31 - 1}, wantCode: codes.OK},
 		{name: "open invalid", openErr: fmt.Errorf("parse: %w", fs.ErrInvalid), alloc: &csi.GetMetadataAllocatedRequest{SnapshotId: "s1"}, wantCode: codes.InvalidArgument},
 		{name: "open permission", openErr: fmt.Errorf("connect: %w", fs.ErrPermission), alloc: &csi.GetMetadataAllocatedRequest{SnapshotId: "s1"}, wantCode: codes.PermissionDenied},
+		{name: "open refused login", openErr: fmt.Errorf("connect: %w", refusedLogin{}), delta: &csi.GetMetadataDeltaRequest{BaseSnapshotId: "s1", TargetSnapshotId: "s2"}, wantCode: codes.Unauthenticated},
 		{name: "open unsupported", openErr: fmt.Errorf("flattened: %w", errors.ErrUnsupported), delta: &csi.GetMetadataDeltaRequest{BaseSnapshotId: "s1", TargetSnapshotId: "s2"}, wantCode: codes.FailedPrecondition},
 		{name: "open unavailable", openErr: fmt.Errorf("mon: %w", os.ErrDeadlineExceeded), alloc: &csi.GetMetadataAllocatedRequest{SnapshotId: "s1"}, wantCode: codes.Unavailable},
 		{name: "open other", openErr: errors.New("boom"), alloc: &csi.GetMetadataAllocatedRequest{SnapshotId: "s1"}, wantCode: codes.Internal},

@@ -12,10 +12,14 @@ import "context"
 //	fs.ErrNotExist          NOT_FOUND: cluster, pool, namespace, image or snapshot unknown
 //	fs.ErrInvalid           INVALID_ARGUMENT: malformed ID, base not older than target,
 //	                        snapshots of different volumes, secrets missing
-//	fs.ErrPermission        PERMISSION_DENIED: the Ceph user was refused
+//	Unauthenticated() bool  UNAUTHENTICATED: an error with this method, returning
+//	                        true, says the credentials were refused (wrong key,
+//	                        unknown user)
+//	fs.ErrPermission        PERMISSION_DENIED: the Ceph user lacks the caps
 //	errors.ErrUnsupported   FAILED_PRECONDITION: the cluster cannot answer this
 //	                        (librbd too old, clone flattened: a full backup is needed)
 //	os.ErrDeadlineExceeded  UNAVAILABLE: the cluster did not answer in time
+//	                        (retryable)
 //
 // Context errors map to CANCELLED or DEADLINE_EXCEEDED; anything else is
 // INTERNAL. Error texts reach the client, so they must never contain secrets.

@@ -57,6 +57,8 @@ func toStatus(err error) error {
 		code = codes.NotFound
 	case errors.Is(err, fs.ErrInvalid):
 		code = codes.InvalidArgument
+	case unauthenticated(err):
+		code = codes.Unauthenticated
 	case errors.Is(err, fs.ErrPermission):
 		code = codes.PermissionDenied
 	case errors.Is(err, errors.ErrUnsupported):
@@ -67,4 +69,11 @@ func toStatus(err error) error {
 		code = codes.Internal
 	}
 	return status.Error(code, err.Error())
+}
+
+// unauthenticated reports whether err says that the request's credentials
+// were refused (see Source).
+func unauthenticated(err error) bool {
+	var u interface{ Unauthenticated() bool }
+	return errors.As(err, &u) && u.Unauthenticated()
 }

@@ -22,6 +22,15 @@
 # 16500, 16600, ..., 17400 is used, so several clusters can run side by side.
 # DIR is bound at its own path inside the rootfs, so paths in DIR/env are valid
 # both on the host and inside. RSM_ROOTFS selects the rootfs. Needs root.
+#
+# From inside the rootfs (a test that needs a second cluster), the inside part
+# runs alone: `cluster.sh __start-inside DIR BASE` with DIR/run and DIR/log
+# made, the ports checked by the caller, and these optional settings:
+#   RSM_CEPH_ADDR     the address everything binds (default 127.0.0.1; ::1 for
+#                     an IPv6 cluster)
+#   RSM_CEPH_MON_V2, RSM_CEPH_MON_V1   the monitor's ports (default BASE, BASE+1;
+#                     3300 and 6789 are Ceph's defaults)
+#   RSM_CEPH_NAMESPACE=none   no RBD namespace ns1
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 MARKER=.rsm-ceph-cluster   # marks DIR as ours, so that start may wipe it
@@ -168,21 +177,24 @@ status() {
 # -------------------------------------------------------------- inside part --
 
 start_inside() {
-  local base=$1 v2=$1 v1=$(($1 + 1)) fsid mon_addr C=$DIR
+  local base=$1 v2=${RSM_CEPH_MON_V2:-$1} v1=${RSM_CEPH_MON_V1:-$(($1 + 1))} fsid mon_addr C=$DIR
+  local ip=${RSM_CEPH_ADDR:-127.0.0.1} host ipv4=true ipv6=false
   local osd_uuid osd_key osd_id mkfs_pid pool_pid conf=(--conf "$DIR/ceph.conf")
   exec >>"$C/log/start.log" 2>&1
   PS4='+ ${EPOCHREALTIME} '; set -x
   T0=$(now)
   fsid=$(cat /proc/sys/kernel/random/uuid)
-  mon_addr="[v2:127.0.0.1:$v2,v1:127.0.0.1:$v1]"
+  host=$ip
+  case "$ip" in *:*) host="[$ip]" ipv4=false ipv6=true ;; esac
+  mon_addr="[v2:$host:$v2,v1:$host:$v1]"
   cat >"$C/ceph.conf" <<EOF
 [global]
 fsid = $fsid
 mon_host = $mon_addr
-public_addr = 127.0.0.1
-cluster_addr = 127.0.0.1
-ms_bind_ipv4 = true
-ms_bind_ipv6 = false
+public_addr = $ip
+cluster_addr = $ip
+ms_bind_ipv4 = $ipv4
+ms_bind_ipv6 = $ipv6
 ms_bind_port_min = $((base + 10))
 ms_bind_port_max = $((base + 99))
 auth_cluster_required = cephx
@@ -267,7 +279,8 @@ EOF
   osd_id=$(printf '{"cephx_secret": "%s"}' "$osd_key" |
     ceph "${conf[@]}" --connect-timeout 30 osd new "$osd_uuid" -i -)
   T_MON=$(now)
-  flock -u 9; exec 9>&-   # the mon holds its ports: let other starts pick theirs
+  # The mon holds its ports: let other starts pick theirs.
+  if { true >&9; } 2>/dev/null; then flock -u 9; exec 9>&-; fi
   [ "$osd_id" = 0 ]
   ceph "${conf[@]}" osd pool create rbd 8 8 &
   pool_pid=$!
@@ -277,12 +290,14 @@ EOF
   T_OSD=$(now)
   # rbd pool init writes to the pool, so it also waits for the OSD to be up.
   rbd "${conf[@]}" --rados-osd-op-timeout 60 pool init rbd
-  rbd "${conf[@]}" namespace create rbd/ns1
+  # (An IPv6-only cluster refuses namespaces with EOPNOTSUPP; the tests that
+  # start one need none.)
+  [ "${RSM_CEPH_NAMESPACE:-ns1}" = none ] || rbd "${conf[@]}" namespace create rbd/ns1
   T_POOL=$(now)
 
   cat >"$C/env" <<EOF
 CEPH_MON_HOST=$mon_addr
-CEPH_MON_V1=127.0.0.1:$v1
+CEPH_MON_V1=$host:$v1
 CEPH_USER=admin
 CEPH_KEY=$(ceph-authtool -p -n client.admin "$C/keyring")
 CEPH_CSI_USER=csi
@@ -291,7 +306,7 @@ CEPH_CONF=$C/ceph.conf
 RSM_CLUSTER_DIR=$C
 EOF
   cat >"$C/csi-config.json" <<EOF
-[{"clusterID":"rsm-e2e","monitors":["127.0.0.1:$v1"]},{"clusterID":"rsm-e2e-ns1","monitors":["127.0.0.1:$v1"],"rbd":{"radosNamespace":"ns1"}}]
+[{"clusterID":"rsm-e2e","monitors":["$host:$v1"]},{"clusterID":"rsm-e2e-ns1","monitors":["$host:$v1"],"rbd":{"radosNamespace":"ns1"}}]
 EOF
   printf 'T0=%s T_MON=%s T_OSD=%s T_POOL=%s\n' "$T0" "$T_MON" "$T_OSD" "$T_POOL" >"$C/log/start.times"
 }

@@ -162,13 +162,12 @@ func wrongKey(t testing.TB, key string) string {
 	return base64.StdEncoding.EncodeToString(b)
 }
 
-// TestWrongKey: a wrong key, or an unknown user, must fail with
-// PERMISSION_DENIED within about the connect timeout, well under 30 s:
-// over msgr v1 (csi-config.json) the monitor refuses at once; over msgr v2,
-// reef's monitor makes a refused login look like a timeout, which the
-// server tells from unreachable monitors (UNAVAILABLE). The key must
-// appear neither in a status message nor in the server's log, and the
-// right key works afterwards.
+// TestWrongKey: a wrong key, or an unknown user, fails with UNAUTHENTICATED
+// (the spec's code for secrets that fail authentication) within about the
+// connect timeout, well under 30 s, over msgr v1 and msgr2 alike;
+// unreachable monitors are UNAVAILABLE. The key must appear neither in a
+// status message nor in the server's log, and the right key works
+// afterwards. TestMonitorForms covers every form of monitor address.
 func TestWrongKey(t *testing.T) {
 	conn := connectAdmin(t)
 	v, img := createVolume(t, conn, "", "wrongkey", 8*mib, imageFeatures)
@@ -217,10 +216,10 @@ func TestWrongKey(t *testing.T) {
 		req  metaReq
 		want codes.Code
 	}{
-		"allocated, wrong key":        {metaReq{target: v.id("s2"), secrets: badSecrets}, codes.PermissionDenied},
-		"delta, wrong key":            {metaReq{base: v.id("s1"), target: v.id("s2"), secrets: badSecrets}, codes.PermissionDenied},
-		"unknown user":                {metaReq{target: v.id("s2"), secrets: map[string]string{"userID": uniqueName(t, "nobody"), "userKey": key}}, codes.PermissionDenied},
-		"msgr v2, wrong key":          {metaReq{target: viaV2("s2"), secrets: badSecrets}, codes.PermissionDenied},
+		"allocated, wrong key":        {metaReq{target: v.id("s2"), secrets: badSecrets}, codes.Unauthenticated},
+		"delta, wrong key":            {metaReq{base: v.id("s1"), target: v.id("s2"), secrets: badSecrets}, codes.Unauthenticated},
+		"unknown user":                {metaReq{target: v.id("s2"), secrets: map[string]string{"userID": uniqueName(t, "nobody"), "userKey": key}}, codes.Unauthenticated},
+		"msgr v2, wrong key":          {metaReq{target: viaV2("s2"), secrets: badSecrets}, codes.Unauthenticated},
 		"msgr v2, right key":          {metaReq{base: viaV2("s1"), target: viaV2("s2")}, codes.OK},
 		"unreachable monitors":        {metaReq{target: "rsm-e2e-down/rbd/" + v.name + "@s2"}, codes.Unavailable},
 		"msgr v1, right key, at once": {metaReq{target: v.id("s2")}, codes.OK},

@@ -67,15 +67,22 @@ func clusterEnv(t testing.TB, name string) string {
 	return v
 }
 
-// connect opens a RADOS connection as user with key, without a config file.
+// connect opens a RADOS connection to the test cluster as user with key,
+// without a config file.
 func connect(t testing.TB, user, key string) *rados.Conn {
 	t.Helper()
-	monHost := clusterEnv(t, "CEPH_MON_HOST")
+	return connectTo(t, clusterEnv(t, "CEPH_MON_HOST"), user, key)
+}
+
+// connectTo opens a RADOS connection to the monitors of monHost as user
+// with key, without a config file, with more librados options.
+func connectTo(t testing.TB, monHost, user, key string, more ...[2]string) *rados.Conn {
+	t.Helper()
 	conn, err := rados.NewConnWithUser(user)
 	if err != nil {
 		t.Fatalf("rados.NewConnWithUser(%q): %v", user, err)
 	}
-	for _, o := range [][2]string{
+	for _, o := range append([][2]string{
 		{"mon_host", monHost},
 		{"key", key},
 		{"keyring", "/dev/null"},
@@ -83,7 +90,7 @@ func connect(t testing.TB, user, key string) *rados.Conn {
 		{"client_mount_timeout", "10"},
 		{"rados_mon_op_timeout", "30"},
 		{"rados_osd_op_timeout", "30"},
-	} {
+	}, more...) {
 		if err := conn.SetConfigOption(o[0], o[1]); err != nil {
 			t.Fatalf("SetConfigOption(%s): %v", o[0], err)
 		}

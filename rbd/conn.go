@@ -43,6 +43,7 @@ type cachedConn struct {
 	// Guarded by connCache.mu.
 	refs      int       // Opens waiting for it plus open Diffs
 	idleSince time.Time // when refs last dropped to 0
+	born      time.Time // when it connected
 }
 
 // maxConnecting bounds the connect attempts in flight. Each is a librados
@@ -58,6 +59,11 @@ var errCacheClosed = errors.New("rbd source is closed")
 // that nobody has used for the idle time is shut down by a janitor
 // goroutine, and close shuts down every connection once it is released.
 //
+// No get returns a connection older than maxAge, however busy it is: a
+// cephx key that was revoked or replaced keeps working on a live session,
+// so a connection that lived forever would keep serving requests that carry
+// the old key. Streams that hold an older connection keep it until they end.
+//
 // Concurrent gets of the same key share one connect attempt (singleflight):
 // it runs in its own goroutine, so that a get can return when its context
 // is done while the attempt goes on. A connection made for nobody stays
@@ -70,6 +76,7 @@ type connCache struct {
 	connect  func(connParams) (*rados.Conn, error)
 	shutdown func(*rados.Conn) // (*rados.Conn).Shutdown; tests count calls
 	idle     time.Duration
+	maxAge   time.Duration
 
 	// dialing holds a token per connect attempt in flight: at most
 	// maxConnecting at once, so that a burst of requests with distinct
@@ -86,11 +93,12 @@ type connCache struct {
 }
 
 // newConnCache starts a cache and its janitor; close stops it.
-func newConnCache(connect func(connParams) (*rados.Conn, error), idle time.Duration) *connCache {
+func newConnCache(connect func(connParams) (*rados.Conn, error), idle, maxAge time.Duration) *connCache {
 	c := &connCache{
 		connect:  connect,
 		shutdown: (*rados.Conn).Shutdown,
 		idle:     idle,
+		maxAge:   maxAge,
 		dialing:  make(chan struct{}, maxConnecting),
 		conns:    make(map[connKey]*cachedConn),
 		stop:     make(chan struct{}),
@@ -114,9 +122,21 @@ func (c *connCache) get(ctx context.Context, p connParams) (*cachedConn, error) 
 		return nil, errCacheClosed
 	}
 	cc := c.conns[k]
+	var old *rados.Conn // too old and unused: shut down here
+	if cc != nil && cc.conn != nil && time.Since(cc.born) >= c.maxAge {
+		delete(c.conns, k) // its last release shuts it down
+		if cc.refs == 0 {
+			old = cc.conn
+		}
+		cc = nil
+	}
 	if cc == nil {
 		// A new attempt: first a token, waiting without the lock.
 		c.mu.Unlock()
+		if old != nil {
+			c.shutdown(old)
+			old = nil
+		}
 		select {
 		case c.dialing <- struct{}{}:
 		case <-ctx.Done():
@@ -162,6 +182,7 @@ func (c *connCache) dial(cc *cachedConn, p connParams) {
 	c.mu.Lock()
 	cc.conn, cc.err = conn, err
 	cc.idleSince = time.Now()
+	cc.born = cc.idleSince
 	cached := c.conns[cc.key] == cc
 	if err != nil && cached {
 		delete(c.conns, cc.key)
@@ -207,10 +228,11 @@ func (c *connCache) discard(cc *cachedConn) {
 	}
 }
 
-// janitor shuts down connections idle for longer than c.idle.
+// janitor shuts down connections idle for longer than c.idle, and unused
+// ones older than c.maxAge.
 func (c *connCache) janitor() {
 	defer c.wg.Done()
-	tick := min(max(c.idle/4, 10*time.Millisecond), time.Minute)
+	tick := min(max(min(c.idle, c.maxAge)/4, 10*time.Millisecond), time.Minute)
 	t := time.NewTicker(tick)
 	defer t.Stop()
 	for {
@@ -223,12 +245,13 @@ func (c *connCache) janitor() {
 	}
 }
 
-// reap shuts down the connections idle since before now-c.idle.
+// reap shuts down the unused connections idle since before now-c.idle or
+// born before now-c.maxAge.
 func (c *connCache) reap(now time.Time) {
 	var shut []*rados.Conn
 	c.mu.Lock()
 	for k, cc := range c.conns {
-		if cc.conn != nil && cc.refs == 0 && now.Sub(cc.idleSince) >= c.idle {
+		if cc.conn != nil && cc.refs == 0 && (now.Sub(cc.idleSince) >= c.idle || now.Sub(cc.born) >= c.maxAge) {
 			delete(c.conns, k)
 			shut = append(shut, cc.conn)
 		}

@@ -33,7 +33,12 @@ func (f *fakeConnector) connect(connParams) (*rados.Conn, error) {
 
 func newTestCache(t *testing.T, f *fakeConnector, idle time.Duration) *connCache {
 	t.Helper()
-	c := newConnCache(f.connect, idle)
+	return newTestCacheAged(t, f, idle, time.Hour)
+}
+
+func newTestCacheAged(t *testing.T, f *fakeConnector, idle, maxAge time.Duration) *connCache {
+	t.Helper()
+	c := newConnCache(f.connect, idle, maxAge)
 	c.shutdown = func(*rados.Conn) { f.shut.Add(1) }
 	t.Cleanup(c.close)
 	return c
@@ -292,5 +297,52 @@ func TestConnCacheBoundsConnects(t *testing.T) {
 	}
 	if s := c.stats(); s.Conns != 0 || s.Refs != 0 {
 		t.Errorf("stats after failed connects: %+v", s)
+	}
+}
+
+// TestConnCacheMaxAge: a connection in constant use is still not handed out
+// past its maximum age; the stream that holds it keeps it, and it is shut
+// down at its last release.
+func TestConnCacheMaxAge(t *testing.T) {
+	f := &fakeConnector{}
+	c := newTestCacheAged(t, f, time.Hour, 50*time.Millisecond)
+	held, err := c.get(context.Background(), params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Busy: always at least one reference, never idle.
+	for time.Since(held.born) < 50*time.Millisecond {
+		cc, err := c.get(context.Background(), params)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cc != held {
+			t.Fatal("a second connection before the first one's maximum age")
+		}
+		c.release(cc)
+		time.Sleep(5 * time.Millisecond)
+	}
+	fresh, err := c.get(context.Background(), params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fresh == held || f.connects.Load() != 2 {
+		t.Fatalf("past its maximum age: same connection %v, %d connects", fresh == held, f.connects.Load())
+	}
+	if f.shut.Load() != 0 {
+		t.Fatal("a connection still held was shut down")
+	}
+	c.release(held)
+	if f.shut.Load() != 1 {
+		t.Errorf("the old connection was not shut down at its last release")
+	}
+	c.release(fresh)
+	// Unused and past its age: the janitor shuts it down.
+	deadline := time.Now().Add(5 * time.Second)
+	for f.shut.Load() < 2 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if s := c.stats(); f.shut.Load() != 2 || s.Conns != 0 {
+		t.Errorf("an unused connection past its age: %d shutdowns, stats %+v", f.shut.Load(), s)
 	}
 }

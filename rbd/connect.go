@@ -3,7 +3,6 @@ package rbd
 import (
 	"context"
 	"fmt"
-	"io"
 	"io/fs"
 	"net"
 	"os"
@@ -27,10 +26,12 @@ func (t timeouts) connector() func(connParams) (*rados.Conn, error) {
 }
 
 // connect makes a cluster connection as p.user, configured without any
-// ceph.conf or keyring file. A refused login is fs.ErrPermission, and so is
-// a login that times out although the monitors accept TCP connections
-// (reef's librados reports a wrong key or an unknown user that way). A
-// connect timeout with unreachable monitors is os.ErrDeadlineExceeded.
+// ceph.conf or keyring file. A refused login (wrong key, unknown user) is
+// an authError; a login that times out, whether the monitors are
+// unreachable or accept connections but give no session (no quorum, a
+// hung monitor), is os.ErrDeadlineExceeded. Ambiguous monitor addresses
+// are typed first (typeMonHost), so that a refused login is told apart in
+// milliseconds rather than as a timeout.
 //
 // Implements (through go-ceph): rados_create, rados_conf_set, rados_connect.
 func connect(p connParams, t timeouts) (*rados.Conn, error) {
@@ -43,7 +44,7 @@ func connect(p connParams, t timeouts) (*rados.Conn, error) {
 	// A handle that never connected cannot be shut down through go-ceph:
 	// shutdownUnconnected frees it, and its threads, at once.
 	for _, o := range []struct{ name, value string }{
-		{"mon_host", p.monHost},
+		{"mon_host", typeMonHost(context.Background(), p.monHost, min(dialTimeout, t.mount))},
 		{"key", p.key},
 		{"keyring", "/dev/null"},
 		{"client_mount_timeout", seconds(t.mount)},
@@ -68,28 +69,23 @@ func connect(p connParams, t timeouts) (*rados.Conn, error) {
 
 // connectError classifies a failed rados_connect.
 func connectError(p connParams, t timeouts, err error) error {
-	what := fmt.Sprintf("connect to monitors %s as the request's cephx user", p.monHost)
+	// Not the user's name: it comes from the request's secrets.
+	what := "connect to monitors " + p.monHost
 	n := errnoOf(err)
 	switch syscall.Errno(n) {
 	case syscall.EACCES, syscall.EPERM:
-		return fmt.Errorf("%s: authentication failed (wrong key or unknown user): %w",
-			what, &cephError{errno: n, kind: fs.ErrPermission, err: err})
+		return fmt.Errorf("%s: %w", what, authError{&cephError{errno: n, kind: fs.ErrPermission, err: err}})
 	case syscall.ETIMEDOUT:
 		if reachable(p.dial, dialTimeout) {
-			return fmt.Errorf("%s: the monitors accept connections but gave no session within %s: "+
-				"authentication failed (wrong key or unknown user), or the monitors have no quorum, "+
-				"or a monitor address has the wrong messenger version (v1/v2): %w",
-				what, t.mount, &cephError{errno: n, kind: fs.ErrPermission, err: err})
+			return fmt.Errorf("%s: the monitors accept connections but gave no session within %s "+
+				"(no quorum, or a monitor that does not answer); try again later: %w",
+				what, t.mount, &cephError{errno: n, kind: os.ErrDeadlineExceeded, err: err})
 		}
 		return fmt.Errorf("%s: monitors %v unreachable: %w",
 			what, p.dial, &cephError{errno: n, kind: os.ErrDeadlineExceeded, err: err})
 	}
 	return wrap(what, err)
 }
-
-// monBanner starts what a Ceph monitor sends on a new connection, in both
-// messenger versions.
-const monBanner = "ceph v"
 
 // dialTimeout bounds each TCP dial of reachable, and the wait for the banner.
 const dialTimeout = 3 * time.Second
@@ -119,11 +115,7 @@ func reachable(addrs []string, timeout time.Duration) bool {
 			}
 			defer c.Close()
 			deadline, _ := ctx.Deadline()
-			banner := make([]byte, len(monBanner))
-			if c.SetReadDeadline(deadline) != nil {
-				return
-			}
-			if _, err := io.ReadFull(c, banner); err != nil || string(banner) != monBanner {
+			if c.SetReadDeadline(deadline) != nil || bannerVersion(c) == msgrUnknown {
 				return
 			}
 			mu.Lock()

@@ -59,13 +59,14 @@
 //	                        a handle that names a volume or nothing
 //	fs.ErrInvalid           malformed ID, secrets missing, base not older than
 //	                        target, snapshots of different volumes, bad offset
-//	fs.ErrPermission        the cephx user was refused; also a monitor that
-//	                        accepts TCP connections but gives no session in
-//	                        time, which is how reef reports a wrong key
+//	fs.ErrPermission        the cephx user lacks caps; a refused login (wrong
+//	                        key, unknown user) is also an error whose
+//	                        Unauthenticated method returns true
 //	errors.ErrUnsupported   librbd cannot do this diff (rbd_diff_iterate3 needed);
 //	                        a delta with a flattened Ceph-CSI snapshot
-//	os.ErrDeadlineExceeded  the monitors are unreachable, or librados timed out;
-//	                        an OSD refused a class method (EOPNOTSUPP), as a
+//	os.ErrDeadlineExceeded  the monitors are unreachable or give no session in
+//	                        time (no quorum, hung), or librados timed out; an
+//	                        OSD refused a class method (EOPNOTSUPP), as a
 //	                        restarting OSD does for a while
 //
 // Context errors and the errors of Iterate's callback are returned as they

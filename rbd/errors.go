@@ -101,3 +101,18 @@ func wrap(what string, err error) error {
 	}
 	return fmt.Errorf("%s: %w", what, classify(err))
 }
+
+// authError is a login that the monitors refused: a wrong key or an unknown
+// cephx user. It is also fs.ErrPermission, and Unauthenticated tells the
+// driver to answer UNAUTHENTICATED rather than PERMISSION_DENIED, which is
+// for a user that logs in but lacks the caps for a pool.
+type authError struct{ err error }
+
+func (e authError) Error() string {
+	return "authentication failed (wrong key or unknown user): " + e.err.Error()
+}
+
+func (e authError) Unwrap() error { return e.err }
+
+// Unauthenticated marks the error as a refused login.
+func (authError) Unauthenticated() bool { return true }

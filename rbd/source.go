@@ -25,6 +25,10 @@ type Options struct {
 	// IdleTimeout is how long an unused cluster connection stays cached.
 	// Default 5 min.
 	IdleTimeout time.Duration
+	// MaxConnAge is how long a cluster connection serves new requests,
+	// however busy: the bound on how long a revoked or replaced cephx key
+	// keeps working. Default 5 min.
+	MaxConnAge time.Duration
 	// WholeObject reports changes at RADOS object granularity. With
 	// fast-diff, librbd then reads only the object map, which is orders of
 	// magnitude faster, but extents are rounded out to whole objects.
@@ -40,6 +44,7 @@ const (
 	DefaultMountTimeout = 10 * time.Second
 	DefaultOpTimeout    = 30 * time.Second
 	DefaultIdleTimeout  = 5 * time.Minute
+	DefaultMaxConnAge   = 5 * time.Minute
 )
 
 // Request names the snapshots of one diff.
@@ -77,11 +82,14 @@ func NewSource(o Options) *Source {
 	if o.IdleTimeout <= 0 {
 		o.IdleTimeout = DefaultIdleTimeout
 	}
+	if o.MaxConnAge <= 0 {
+		o.MaxConnAge = DefaultMaxConnAge
+	}
 	t := timeouts{mount: o.MountTimeout, op: o.OpTimeout}
 	return &Source{
 		opts:   o,
 		config: &config{path: o.ConfigPath},
-		conns:  newConnCache(t.connector(), o.IdleTimeout),
+		conns:  newConnCache(t.connector(), o.IdleTimeout, o.MaxConnAge),
 	}
 }
 

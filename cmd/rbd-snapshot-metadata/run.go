@@ -43,6 +43,7 @@ func run(args []string) int {
 		mountTO     = fs.Duration("ceph-connect-timeout", rbd.DefaultMountTimeout, "how long connecting to the monitors may take (librados client_mount_timeout)")
 		opTO        = fs.Duration("ceph-op-timeout", rbd.DefaultOpTimeout, "librados monitor and OSD operation timeout")
 		idleTO      = fs.Duration("ceph-conn-idle", rbd.DefaultIdleTimeout, "how long an unused cluster connection stays cached")
+		maxAge      = fs.Duration("ceph-conn-max-age", rbd.DefaultMaxConnAge, "how long a cluster connection serves new requests, however busy: the bound on how long a revoked cephx key keeps working")
 		grace       = fs.Duration("grace-period", 30*time.Second, "on SIGTERM, how long running streams may finish")
 		maxStreams  = fs.Int("max-streams", defaultMaxStreams, "how many GetMetadataAllocated/GetMetadataDelta streams are served at once; more are refused with ABORTED (0: no limit)")
 		stall       = fs.Duration("stall-timeout", 5*time.Minute, "a stream whose client takes no page for this long ends with DEADLINE_EXCEEDED, releasing its image and thread (0: never)")
@@ -80,6 +81,7 @@ func run(args []string) int {
 		MountTimeout: *mountTO,
 		OpTimeout:    *opTO,
 		IdleTimeout:  *idleTO,
+		MaxConnAge:   *maxAge,
 		WholeObject:  wholeObject,
 		Precise:      precise,
 	})
