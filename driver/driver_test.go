@@ -33,15 +33,21 @@ const mib = 1 << 20
 // serve starts d on an in-memory listener and returns a connected client.
 func serve(t testing.TB, d *driver.Driver, opts ...grpc.ServerOption) *grpc.ClientConn {
 	t.Helper()
+	return serveDial(t, d, nil, opts...)
+}
+
+// serveDial is serve with options for the client's connection.
+func serveDial(t testing.TB, d *driver.Driver, dial []grpc.DialOption, opts ...grpc.ServerOption) *grpc.ClientConn {
+	t.Helper()
 	lis := bufconn.Listen(1 << 20)
 	srv := grpc.NewServer(opts...)
 	csi.RegisterIdentityServer(srv, d)
 	csi.RegisterSnapshotMetadataServer(srv, d)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = srv.Serve(lis) }()
-	conn, err := grpc.NewClient("passthrough:///bufconn",
+	conn, err := grpc.NewClient("passthrough:///bufconn", append([]grpc.DialOption{
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
+		grpc.WithTransportCredentials(insecure.NewCredentials())}, dial...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -512,7 +518,9 @@ func FuzzRequests(f *testing.F) {
 // buffers are full, and its diff is closed; a client that reads gets
 // everything.
 func TestStalledReaderReleased(t *testing.T) {
-	const stall = 200 * time.Millisecond
+	// Long enough that the reading client below, under -race on a busy
+	// machine, never pauses that long between pages.
+	const stall = time.Second
 	src := drivertest.NewSource()
 	var ext []driver.Extent
 	for i := range int64(100000) {
@@ -523,7 +531,9 @@ func TestStalledReaderReleased(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn := serve(t, d)
+	// gRPC's fixed 64 KiB windows: without them the client's transport
+	// grows its window and keeps taking pages for a while.
+	conn := serveDial(t, d, []grpc.DialOption{grpc.WithInitialWindowSize(64 << 10), grpc.WithInitialConnWindowSize(64 << 10)})
 	c := csi.NewSnapshotMetadataClient(conn)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -540,7 +550,7 @@ func TestStalledReaderReleased(t *testing.T) {
 	// Nothing reads: every diff must be closed after about the stall
 	// timeout (plus the time to fill the buffers).
 	for src.Opened() < n || src.OpenDiffs() > 0 {
-		if time.Since(began) > 20*stall+5*time.Second {
+		if time.Since(began) > 10*stall+10*time.Second {
 			t.Fatalf("after %v, %d of %d diffs still open", time.Since(began), src.OpenDiffs(), src.Opened())
 		}
 		time.Sleep(10 * time.Millisecond)

@@ -94,7 +94,8 @@ func TestMonitorForms(t *testing.T) {
 		t.Fatal(err)
 	}
 	const connectTimeout = 10 * time.Second
-	srv := startServer(t, "--ceph-connect-timeout="+connectTimeout.String(), "--clusterconfig", config)
+	// Every form's requests at once: more than the default --max-streams.
+	srv := startServer(t, "--ceph-connect-timeout="+connectTimeout.String(), "--clusterconfig", config, "--max-streams=0")
 
 	secrets := func(c *extraCluster) map[string]string {
 		if c == nil {

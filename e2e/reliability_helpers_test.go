@@ -104,6 +104,12 @@ func killOSD(t testing.TB) (restart func()) {
 			// ceph-osd daemonizes: the command returns once it forked.
 			cmd := exec.Command("ceph-osd", "--conf", clusterEnv(t, "CEPH_CONF"), "-i", "0")
 			cmd.Stdout, cmd.Stderr = out, out
+			// In /, as cluster.sh starts it: reef's packages set
+			// osd_class_dir to a relative path
+			// (lib/x86_64-linux-gnu/rados-classes), resolved when a
+			// class is first used. From the test's folder, every class
+			// method (rbd_open's first) failed with EOPNOTSUPP.
+			cmd.Dir = "/"
 			if err := cmd.Run(); err != nil {
 				t.Errorf("restart osd.0: %v", err)
 				return

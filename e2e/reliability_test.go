@@ -15,7 +15,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -54,14 +53,10 @@ func TestReliabilityFaults(t *testing.T) {
 			relOSDFault(t, v, mode, func(t *testing.T) func() { return pauseDaemon(t, "osd.0") })
 		})
 	}
-	// Opt-in: librados connections made before the kill (the server's
-	// cached one, and this test's own) stay broken after the OSD is back
-	// (see the report); that fails this test and the image cleanups.
-	if os.Getenv("RSM_E2E_OSD_KILL") == "1" {
-		t.Run("osd-sigkill/exact", func(t *testing.T) {
-			relOSDFault(t, v, "exact", func(t *testing.T) func() { return killOSD(t) })
-		})
-	}
+	// The OSD killed and restarted (as cluster.sh starts it: killOSD).
+	t.Run("osd-sigkill/exact", func(t *testing.T) {
+		relOSDFault(t, v, "exact", func(t *testing.T) func() { return killOSD(t) })
+	})
 }
 
 // relOSDFault stops the OSD in the middle of a stream with fault, which

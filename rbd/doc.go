@@ -66,8 +66,7 @@
 //	                        a delta with a flattened Ceph-CSI snapshot
 //	os.ErrDeadlineExceeded  the monitors are unreachable or give no session in
 //	                        time (no quorum, hung), or librados timed out; an
-//	                        OSD refused a class method (EOPNOTSUPP), as a
-//	                        restarting OSD does for a while
+//	                        OSD could not load an object class (EOPNOTSUPP)
 //
 // Context errors and the errors of Iterate's callback are returned as they
 // are. Anything else is unclassified (an internal error), including a

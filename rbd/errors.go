@@ -46,8 +46,9 @@ func kindOf(n int) error {
 		// ErrNotImplemented): lasting, FAILED_PRECONDITION.
 		return errors.ErrUnsupported
 	case syscall.EOPNOTSUPP:
-		// The OSD's answer for a class method it cannot run, which a
-		// freshly restarted OSD gives for a while: passing, so
+		// The OSD's answer for a class method it cannot load (seen from
+		// an OSD restarted outside / with reef's relative
+		// osd_class_dir): the cluster's to fix, not the request's, so
 		// UNAVAILABLE and retried, never FAILED_PRECONDITION, which
 		// tells a backup tool to give up on incrementals.
 		return os.ErrDeadlineExceeded
