@@ -253,56 +253,6 @@ func TestConnCacheDiscard(t *testing.T) {
 	}
 }
 
-<<<<<<< HEAD
-=======
-// TestConnCacheBoundsConnects starts connects for many distinct keys, as a
-// burst of requests with bad keys does: at most maxConnecting run at once,
-// a get waiting for its turn gives up with its context, and the others
-// connect as the first finish.
-func TestConnCacheBoundsConnects(t *testing.T) {
-	f := &fakeConnector{gate: make(chan struct{}), fail: errors.New("bad key")}
-	c := newTestCache(t, f, time.Hour)
-	const n = 3 * maxConnecting
-	errs := make(chan error, n)
-	for i := range n {
-		p := params
-		p.key = string(rune('a' + i))
-		go func() {
-			_, err := c.get(context.Background(), p)
-			errs <- err
-		}()
-	}
-	deadline := time.Now().Add(5 * time.Second)
-	for f.connects.Load() < maxConnecting && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
-	time.Sleep(50 * time.Millisecond)
-	if got := f.connects.Load(); got != maxConnecting {
-		t.Fatalf("%d connects in flight, want %d", got, maxConnecting)
-	}
-	// One more, whose context ends while it waits for a turn.
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-	defer cancel()
-	p := params
-	p.key = "waiting"
-	if _, err := c.get(ctx, p); !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("get waiting for a turn: %v, want its context's error", err)
-	}
-	close(f.gate)
-	for range n {
-		if err := <-errs; err == nil || err.Error() != "bad key" {
-			t.Errorf("get: %v, want the connect's error", err)
-		}
-	}
-	if got := f.connects.Load(); got != n {
-		t.Errorf("%d connects, want %d", got, n)
-	}
-	if s := c.stats(); s.Conns != 0 || s.Refs != 0 {
-		t.Errorf("stats after failed connects: %+v", s)
-	}
-}
-
->>>>>>> hardening
 // TestConnCacheMaxAge: a connection in constant use is still not handed out
 // past its maximum age; the stream that holds it keeps it, and it is shut
 // down at its last release.
@@ -347,7 +297,6 @@ func TestConnCacheMaxAge(t *testing.T) {
 	}
 	if s := c.stats(); f.shut.Load() != 2 || s.Conns != 0 {
 		t.Errorf("an unused connection past its age: %d shutdowns, stats %+v", f.shut.Load(), s)
-<<<<<<< HEAD
 	}
 }
 
@@ -395,7 +344,5 @@ func TestConnCacheBoundsConnects(t *testing.T) {
 	}
 	if s := c.stats(); s.Conns != 0 || s.Refs != 0 {
 		t.Errorf("stats after failed connects: %+v", s)
-=======
->>>>>>> hardening
 	}
 }

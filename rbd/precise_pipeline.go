@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"syscall"
 
 	librbd "github.com/ceph/go-ceph/rbd"
 )
@@ -233,7 +234,10 @@ func (p *pipeline) run(c candidate) ([]span, error) {
 		if p.ctx.Err() != nil {
 			return nil, nil // stopping anyway; finish reports why
 		}
-		if err = classify(err); errors.Is(err, os.ErrDeadlineExceeded) {
+		// Only a timeout stops: EOPNOTSUPP, also UNAVAILABLE to the
+		// client, is what an erasure-coded pool may answer to a query
+		// that a replicated one serves, and that object falls back.
+		if err = classify(err); errors.Is(err, os.ErrDeadlineExceeded) && errnoOf(err) != int(syscall.EOPNOTSUPP) {
 			return nil, fmt.Errorf("refine the changes at %d+%d: %w", c.off, c.len, err)
 		}
 		p.fellBack(err)

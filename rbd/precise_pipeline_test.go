@@ -182,6 +182,31 @@ func TestPipelineTimeoutIsFatal(t *testing.T) {
 	}
 }
 
+// TestPipelineUnsupportedFallsBack: a query that the pool does not serve
+// (EOPNOTSUPP, as erasure-coded pools answer some) falls back to the whole
+// object, although the same errno from an open is UNAVAILABLE.
+func TestPipelineUnsupportedFallsBack(t *testing.T) {
+	var fellBack atomic.Int64
+	refine := func(ctx context.Context, c candidate) ([]span, error) {
+		if c.off == 500 {
+			return nil, fmt.Errorf("mapext obj: %w", radosErr(-int(syscall.EOPNOTSUPP)))
+		}
+		return []span{{c.off, 10}}, nil
+	}
+	p := newPipeline(context.Background(), 100, 4, false, refine, nil, func(error) { fellBack.Add(1) })
+	var in []span
+	for i := int64(0); i < 10; i++ {
+		in = append(in, span{i * 100, 100})
+	}
+	got, err := runPipeline(context.Background(), p, in, -1)
+	if err != nil {
+		t.Fatalf("finish: %v, want a fallback", err)
+	}
+	if fellBack.Load() != 1 || len(got) != 10 || got[5] != (span{500, 100}) {
+		t.Errorf("%d fallbacks, delivered %v; want the object at 500 whole", fellBack.Load(), got)
+	}
+}
+
 // TestPipelineForcedRange: every object of a forced range is refined, in
 // order, merged with what librbd reports, each once.
 func TestPipelineForcedRange(t *testing.T) {
