@@ -41,8 +41,8 @@ type Diff struct {
 //
 // Implements (through go-ceph): rados_ioctx_create,
 // rados_ioctx_set_namespace, rbd_open_read_only (or rbd_open_by_id_read_only),
-// rbd_snap_get_id, rbd_snap_set_by_id, rbd_get_size, rbd_metadata_get,
-// rbd_read.
+// rbd_get_features, rbd_get_parent, rbd_snap_get_id, rbd_snap_set_by_id,
+// rbd_get_size, rbd_metadata_get, rbd_read.
 func (d *Diff) open() error {
 	t := &d.target
 	ioctx, err := d.cc.conn.OpenIOContext(t.pool)
@@ -65,6 +65,9 @@ func (d *Diff) open() error {
 		return err
 	}
 
+	if err := refuseMigrating(d.cc.conn, d.image, t.imageSpec(), 0); err != nil {
+		return err
+	}
 	if err := d.lookupSnap(t); err != nil {
 		return err
 	}
@@ -98,6 +101,57 @@ func (d *Diff) open() error {
 	}
 	d.header, d.capacity = header, int64(size)-header
 	return nil
+}
+
+// maxCheckedDepth bounds the clone chain refuseMigrating walks: far
+// deeper than any real one (Ceph-CSI flattens at 16 by default).
+const maxCheckedDepth = 64
+
+// refuseMigrating fails with errors.ErrUnsupported when img, or an image
+// of its parent chain, takes part in a live migration (the migrating
+// feature: set on both the source and the destination by `rbd migration
+// prepare`, until commit or abort). While it is set the destination's data
+// is partly still in the source, and librbd's diffs of either image leave
+// it out (reef 18.2.7 reports nothing at all): no mode can answer.
+//
+// Implements (through go-ceph): rbd_get_features, rbd_get_parent,
+// rbd_open_by_id_read_only.
+func refuseMigrating(conn *rados.Conn, img *librbd.Image, spec string, depth int) error {
+	features, err := img.GetFeatures()
+	if err != nil {
+		return wrap("get features of "+spec, err)
+	}
+	if features&librbd.FeatureMigrating != 0 {
+		return fmt.Errorf("image %s is being migrated (rbd migration prepare): its changes cannot be listed until the migration is committed or aborted: %w",
+			spec, errors.ErrUnsupported)
+	}
+	parent, err := img.GetParent()
+	if errors.Is(err, librbd.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return wrap("get parent of "+spec, err)
+	}
+	if depth >= maxCheckedDepth {
+		return fmt.Errorf("image %s: a clone chain deeper than %d: %w", spec, maxCheckedDepth, errors.ErrUnsupported)
+	}
+	pi := parent.Image
+	pspec := pi.PoolName + "/" + pi.ImageName
+	if pi.PoolNamespace != "" {
+		pspec = pi.PoolName + "/" + pi.PoolNamespace + "/" + pi.ImageName
+	}
+	pio, err := conn.OpenIOContext(pi.PoolName)
+	if err != nil {
+		return wrap("open parent pool "+pi.PoolName, err)
+	}
+	defer pio.Destroy()
+	pio.SetNamespace(pi.PoolNamespace)
+	pimg, err := librbd.OpenImageByIdReadOnly(pio, pi.ImageID, librbd.NoSnapshot)
+	if err != nil {
+		return wrap("open parent image "+pspec, err)
+	}
+	defer pimg.Close()
+	return refuseMigrating(conn, pimg, pspec, depth+1)
 }
 
 // cutOff returns the raw range [lo, hi) that a snapshot between the base

@@ -86,14 +86,26 @@ type refiner struct {
 // layer is an image at one snapshot, as precise mode reads it: an object
 // that does not exist there reads from the parent layer within overlap.
 type layer struct {
-	ioctx   *rados.IOContext // read snapshot set to the layer's snapshot
-	prefix  string           // rbd_data.<image id>
-	objSize int64
-	overlap int64 // bytes backed by parent
-	parent  *layer
+	ioctx     *rados.IOContext // read snapshot set to the layer's snapshot
+	prefix    string           // the image's block name prefix
+	oldFormat bool             // a format 1 image
+	objSize   int64
+	overlap   int64 // bytes backed by parent
+	parent    *layer
 }
 
-func (l *layer) object(objno int64) string { return fmt.Sprintf("%s.%016x", l.prefix, objno) }
+func (l *layer) object(objno int64) string { return dataObject(l.prefix, l.oldFormat, objno) }
+
+// dataObject is the name of data object objno of an image with the block
+// name prefix prefix (rbd_data.<image id> in format 2, rb.0.<...> in
+// format 1), as librbd's util::data_object_name forms it: 12 hex digits in
+// format 1, 16 in format 2.
+func dataObject(prefix string, oldFormat bool, objno int64) string {
+	if oldFormat {
+		return fmt.Sprintf("%s.%012x", prefix, objno)
+	}
+	return fmt.Sprintf("%s.%016x", prefix, objno)
+}
 
 // unrefinable is a reason to run librbd's exact diff instead.
 type unrefinable string
@@ -110,7 +122,7 @@ func (r *refiner) usable() bool { return r != nil && r.unrefined == "" }
 // to put it back there is the only error.
 //
 // Implements (through go-ceph): rbd_stat, rbd_get_stripe_unit,
-// rbd_get_stripe_count, rbd_get_features, rbd_get_parent,
+// rbd_get_stripe_count, rbd_get_features, rbd_get_old_format, rbd_get_parent,
 // rbd_get_overlap, rbd_open_by_id_read_only, rbd_snap_set_by_id, rbd_read,
 // rados_ioctx_create, rados_ioctx_snap_set_read.
 func (d *Diff) openPrecise() error {
@@ -212,7 +224,11 @@ func (r *refiner) layer(conn *rados.Conn, pool, ns string, img *librbd.Image, sn
 	if features&librbd.FeatureDataPool != 0 {
 		return nil, unrefinable("image data in a separate data pool, possibly erasure-coded")
 	}
-	l := &layer{ioctx: ioctx, prefix: st.Block_name_prefix, objSize: int64(st.Obj_size)}
+	old, err := img.IsOldFormat()
+	if err != nil {
+		return nil, wrap("get image format", err)
+	}
+	l := &layer{ioctx: ioctx, prefix: st.Block_name_prefix, oldFormat: old, objSize: int64(st.Obj_size)}
 
 	parent, err := img.GetParent()
 	if errors.Is(err, librbd.ErrNotFound) {

@@ -211,3 +211,22 @@ func TestSpanOps(t *testing.T) {
 		t.Errorf("subtract (-want +got):\n%s", d)
 	}
 }
+
+// TestDataObject: object names as librbd forms them, in both formats.
+func TestDataObject(t *testing.T) {
+	for _, c := range []struct {
+		prefix string
+		old    bool
+		objno  int64
+		want   string
+	}{
+		{"rbd_data.10226b8b4567", false, 0, "rbd_data.10226b8b4567.0000000000000000"},
+		{"rbd_data.10226b8b4567", false, 0x1a2b, "rbd_data.10226b8b4567.0000000000001a2b"},
+		{"rb.0.1014.6b8b4567", true, 0, "rb.0.1014.6b8b4567.000000000000"},
+		{"rb.0.1014.6b8b4567", true, 0x1a2b, "rb.0.1014.6b8b4567.000000001a2b"},
+	} {
+		if got := dataObject(c.prefix, c.old, c.objno); got != c.want {
+			t.Errorf("dataObject(%q, %v, %#x) = %q, want %q", c.prefix, c.old, c.objno, got, c.want)
+		}
+	}
+}
