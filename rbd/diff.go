@@ -26,6 +26,9 @@ type Diff struct {
 	base   *snapRef // nil: allocated extents
 	whole  bool
 	refine *refiner // precise mode (precise.go); nil when off
+	// trustObjectMap: precise deltas take their candidates from the
+	// object map's dirty bits (Options.TrustObjectMap).
+	trustObjectMap bool
 
 	mu       sync.Mutex // serializes Iterate and Close
 	ioctx    *rados.IOContext
@@ -299,7 +302,14 @@ func (d *Diff) Iterate(ctx context.Context, offset int64, fn func(offset, length
 	run := librbd.DiffIterateCallback(cb)
 	var pipe *pipeline // precise mode: refines librbd's whole objects for cb
 	if d.refine.usable() {
-		pipe = d.refine.pipeline(ctx, rawOff, rawLen, cb)
+		var existing []span
+		if d.refine.byExistence() {
+			var err error
+			if existing, err = d.existing(ctx, d.base.snapID, rawOff, rawLen); err != nil {
+				return err
+			}
+		}
+		pipe = d.refine.pipeline(ctx, rawOff, rawLen, existing, cb)
 		run = pipe.feed
 	}
 	err := d.diffIterate(rawOff, rawLen, run)
@@ -335,6 +345,63 @@ func (d *Diff) discardConnOnTimeout(err error) {
 	}
 }
 
+// existing returns the raw ranges, in whole objects and ascending, of the
+// objects that the image itself (not its parent) holds at snapshot snap
+// within [off, off+length). They come from librbd's whole-object diff from
+// the beginning, which with fast-diff reads the existence bits of the
+// object maps; unlike the maps' dirty bits, existence stays right after a
+// rollback or a copy-up. It leaves the image at the target snapshot.
+//
+// Implements (through go-ceph): rbd_snap_set_by_id, rbd_get_size,
+// rbd_diff_iterate2.
+func (d *Diff) existing(ctx context.Context, snap uint64, off, length uint64) ([]span, error) {
+	var out []span
+	err := d.image.SetSnapByID(snap)
+	var size uint64
+	if err == nil {
+		size, err = d.image.GetSize()
+	}
+	if err == nil && off < size {
+		var kept error
+		err = d.image.DiffIterate(librbd.DiffIterateConfig{
+			SnapName:      librbd.NoSnapshot,
+			Offset:        off,
+			Length:        min(length, size-off),
+			IncludeParent: librbd.ExcludeParent,
+			WholeObject:   librbd.EnableWholeObject,
+			Callback: func(o, l uint64, exists int, _ any) int {
+				if kept != nil {
+					return errStop
+				}
+				if kept = ctx.Err(); kept != nil {
+					return errStop
+				}
+				if exists != 0 {
+					if n := len(out); n > 0 && out[n-1].end() == int64(o) {
+						out[n-1].len += int64(l)
+					} else {
+						out = append(out, span{int64(o), int64(l)})
+					}
+				}
+				return 0
+			},
+		})
+		if kept != nil {
+			err = kept
+		}
+	}
+	if serr := d.image.SetSnapByID(d.target.snapID); err == nil && serr != nil {
+		err = serr
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, err
+		}
+		return nil, wrap(fmt.Sprintf("list the objects of %s at snapshot %d", d.target.imageSpec(), snap), err)
+	}
+	return out, nil
+}
+
 // callbackPanic is a panic of a diff callback, raised again after librbd
 // returned, with the stack of the callback.
 type callbackPanic struct {
@@ -355,13 +422,22 @@ func (d *Diff) wholeObject() librbd.DiffWholeObject {
 }
 
 // diffIterate runs the one librbd diff-iterate of a call to Iterate.
+//
+// A precise delta that takes its candidates from object existence
+// (refiner.existence) runs the whole-object diff from the beginning at the
+// target snapshot, without the parent: the objects the image itself holds
+// there.
 func (d *Diff) diffIterate(offset, length uint64, cb librbd.DiffIterateCallback) error {
-	if d.base == nil {
+	if d.base == nil || d.refine.byExistence() {
+		parent := librbd.IncludeParent
+		if d.base != nil {
+			parent = librbd.ExcludeParent
+		}
 		err := d.image.DiffIterate(librbd.DiffIterateConfig{
 			SnapName:      librbd.NoSnapshot,
 			Offset:        offset,
 			Length:        length,
-			IncludeParent: librbd.IncludeParent,
+			IncludeParent: parent,
 			WholeObject:   d.wholeObject(),
 			Callback:      cb,
 		})

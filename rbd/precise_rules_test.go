@@ -1,6 +1,9 @@
 package rbd
 
 import (
+	"errors"
+	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -227,6 +230,41 @@ func TestDataObject(t *testing.T) {
 	} {
 		if got := dataObject(c.prefix, c.old, c.objno); got != c.want {
 			t.Errorf("dataObject(%q, %v, %#x) = %q, want %q", c.prefix, c.old, c.objno, got, c.want)
+		}
+	}
+}
+
+// TestForcedRanges: ranges are rounded out to whole objects, clipped to
+// the iteration, merged and sorted.
+func TestForcedRanges(t *testing.T) {
+	got := forcedRanges(100, 50, 1000, []span{
+		{850, 10},  // inside one object
+		{0, 0},     // empty: ignored
+		{120, 100}, // across objects 1 and 2
+		{10, 20},   // object 0, clipped at 50
+		{300, 100}, // object 3, adjacent to 1-2: merged
+		{990, 500}, // beyond the end: clipped
+	})
+	want := []span{{50, 350}, {800, 200}}
+	if !slices.Equal(got, want) {
+		t.Errorf("forcedRanges = %v, want %v", got, want)
+	}
+}
+
+// TestReasonOf: fallbacks are counted under their reason, whatever wraps
+// them.
+func TestReasonOf(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want string
+	}{
+		{reasoned{ReasonListSnaps, errors.New("x")}, ReasonListSnaps},
+		{fmt.Errorf("refine: %w", reasoned{ReasonMapext, errors.New("x")}), ReasonMapext},
+		{unrefinable{ReasonStriping, "x"}, ReasonStriping},
+		{errors.New("x"), ReasonError},
+	} {
+		if got := reasonOf(c.err); got != c.want {
+			t.Errorf("reasonOf(%v) = %q, want %q", c.err, got, c.want)
 		}
 	}
 }
