@@ -342,3 +342,72 @@ func rbdTry(t testing.TB, args ...string) ([]byte, error) {
 	defer cancel()
 	return exec.CommandContext(ctx, "rbd", args...).CombinedOutput()
 }
+
+// TestPreciseFallbackReported: the server binary names precise mode's
+// fallbacks, with their reason, in the stream's -v=2 log line and in
+// /metrics: an image it must not refine (non-default striping) falls back
+// as a whole, and an ordinary one is refined object by object.
+func TestPreciseFallbackReported(t *testing.T) {
+	conn := connectAdmin(t)
+	ioctx := openIOContext(t, conn, pool, "")
+	addr := freeTCPAddr(t)
+	srv := startServer(t, "-v=2", "--metrics-address="+addr)
+
+	striped := uniqueName(t, "precise-striped")
+	opts := imageOptions(t, false)
+	for _, o := range []struct {
+		opt rbd.ImageOption
+		v   uint64
+	}{{rbd.ImageOptionFeatures, imageFeatures | rbd.FeatureStripingV2}, {rbd.ImageOptionStripeUnit, 64 * preciseKiB}, {rbd.ImageOptionStripeCount, 4}} {
+		if err := opts.SetUint64(o.opt, o.v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := rbd.CreateImage(ioctx, striped, 32*mib, opts); err != nil {
+		t.Fatalf("create striped image: %v", err)
+	}
+	removeImageOnCleanup(t, ioctx, striped)
+	img, err := rbd.OpenImage(ioctx, striped, rbd.NoSnapshot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer img.Close()
+	writeAt(t, img, 5*mib, 64*preciseKiB)
+	snapshot(t, img, "s1")
+	writeAt(t, img, 20*mib, 4*preciseKiB)
+	snapshot(t, img, "s2")
+
+	plain := uniqueName(t, "precise-plain")
+	pimg := createImage(t, ioctx, plain, 32*mib)
+	writeAt(t, pimg, 5*mib, 64*preciseKiB)
+	snapshot(t, pimg, "s1")
+	writeAt(t, pimg, 20*mib, 4*preciseKiB)
+	snapshot(t, pimg, "s2")
+
+	id := func(image, snap string) string { return clusterID + "/" + pool + "/" + image + "@" + snap }
+	for _, r := range []metaReq{
+		{base: id(striped, "s1"), target: id(striped, "s2"), secrets: csiSecrets(t)},
+		{base: id(plain, "s1"), target: id(plain, "s2"), secrets: csiSecrets(t)},
+	} {
+		if m := srv.get(t, r); m.err != nil {
+			t.Fatalf("%v: %v", r, m.err)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for strings.Count(srv.log(), `"Stream finished"`) < 2 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	log := srv.log()
+	for _, want := range []string{`imageFallback="striping"`, `candidates="existence"`, `refinedObjects=`} {
+		if !strings.Contains(log, want) {
+			t.Errorf("the -v=2 log lacks %s:\n%s", want, tail(log, 20))
+		}
+	}
+	body := scrape(t, addr)
+	if v, ok := metricValue(body, `rbd_snapshot_metadata_precise_fallbacks_total{method="GetMetadataDelta",reason="striping",scope="image"}`); !ok || v != 1 {
+		t.Errorf("/metrics: image fallbacks for striping %v (present %v), want 1", v, ok)
+	}
+	if v, ok := metricValue(body, `rbd_snapshot_metadata_precise_objects_total{method="GetMetadataDelta"}`); !ok || v < 2 {
+		t.Errorf("/metrics: refined objects %v (present %v), want at least 2", v, ok)
+	}
+}
