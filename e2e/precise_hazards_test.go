@@ -193,19 +193,26 @@ func TestPreciseCopyOnRead(t *testing.T) {
 	}
 	w.open(p) // the writer now copies up on read
 	w.snap(p)
-	// Odd trials write while the read is still in flight.
-	const trials = 12
-	for i := uint64(0); i < trials; i++ {
-		o := 2 * i * mib
+	// The copy-up starts once the read returned; the write must reach the
+	// object while the copy-up decides the object map state, so the trials
+	// wait a little longer each before writing, and two write while the
+	// read is still in flight.
+	delays := []time.Duration{-1, 0, 50 * time.Microsecond, 100 * time.Microsecond, 200 * time.Microsecond, 400 * time.Microsecond,
+		700 * time.Microsecond, time.Millisecond, 2 * time.Millisecond, 3 * time.Millisecond, 5 * time.Millisecond, -1}
+	for i, delay := range delays {
+		o := 2 * uint64(i) * mib
 		read := func(off uint64) {
 			buf := make([]byte, 4*preciseKiB)
 			if _, err := p.img.ReadAt(buf, int64(off)); err != nil {
 				t.Error(err)
 			}
 		}
-		w.logf("read %d+%d", o, 4*preciseKiB)
-		if i%2 == 0 {
+		w.logf("read %d+%d, write after %v", o, 4*preciseKiB, delay)
+		if delay >= 0 {
 			read(o)
+			if delay > 0 {
+				time.Sleep(delay)
+			}
 			w.write(p, o+512*preciseKiB, 4*preciseKiB)
 		} else {
 			done := make(chan struct{})

@@ -306,6 +306,7 @@ func (d *Diff) Iterate(ctx context.Context, offset int64, fn func(offset, length
 		if d.refine.byExistence() {
 			var err error
 			if existing, err = d.existing(ctx, d.base.snapID, rawOff, rawLen); err != nil {
+				d.discardConnOnTimeout(err)
 				return err
 			}
 		}
