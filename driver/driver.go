@@ -60,6 +60,13 @@ type Observer interface {
 	Streamed(method string, tuples int, bytes int64, diff time.Duration)
 }
 
+// RefinementObserver is an Observer that also records what precise mode
+// did in each stream (see Refinement). The driver calls it when its
+// Observer implements it and the Diff reports a refinement.
+type RefinementObserver interface {
+	Refined(method string, r Refinement)
+}
+
 // The method names that Observer is given.
 const (
 	MethodAllocated = "GetMetadataAllocated"

@@ -105,10 +105,21 @@ func (d *Driver) stream(ctx context.Context, method string, req OpenRequest, sta
 	began := time.Now()
 	var diffTime time.Duration
 	defer func() {
-		logger.V(2).Info("Stream finished", "code", status.Code(err), "duration", time.Since(began),
-			"capacity", capacity, "startingOffset", start, "pages", p.pages, "tuples", p.tuples, "bytes", p.bytes, "err", err)
+		kv := []any{"code", status.Code(err), "duration", time.Since(began),
+			"capacity", capacity, "startingOffset", start, "pages", p.pages, "tuples", p.tuples, "bytes", p.bytes}
+		var ref Refinement
+		if r, ok := diff.(Refiner); ok {
+			ref = r.Refinement()
+		}
+		if ref.On {
+			kv = append(kv, refinementLog(ref)...)
+		}
+		logger.V(2).Info("Stream finished", append(kv, "err", err)...)
 		if d.opts.Observer != nil {
 			d.opts.Observer.Streamed(method, p.tuples, p.bytes, diffTime)
+			if ro, ok := d.opts.Observer.(RefinementObserver); ok && ref.On {
+				ro.Refined(method, ref)
+			}
 		}
 	}()
 	if start == capacity {
@@ -130,4 +141,24 @@ func (d *Driver) stream(ctx context.Context, method string, req OpenRequest, sta
 		return toStatus(err)
 	}
 	return toStatus(ctx.Err())
+}
+
+// refinementLog returns the key/value pairs of a stream's log line that
+// say what precise mode did.
+func refinementLog(r Refinement) []any {
+	kv := []any{"refinedObjects", r.Objects}
+	if r.Candidates != "" {
+		kv = append(kv, "candidates", r.Candidates)
+	}
+	if r.ImageFallback != "" {
+		kv = append(kv, "imageFallback", r.ImageFallback, "imageFallbackDetail", r.ImageFallbackDetail)
+	}
+	var n int64
+	for _, c := range r.ObjectFallbacks {
+		n += c
+	}
+	if n > 0 {
+		kv = append(kv, "objectFallbacks", n, "objectFallbackReasons", r.ObjectFallbacks, "lastObjectFallback", r.LastObjectFallback)
+	}
+	return kv
 }

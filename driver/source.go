@@ -60,3 +60,32 @@ type Extent struct {
 	Offset int64
 	Length int64
 }
+
+// Refiner is implemented by a Diff that refines librbd's extents to the
+// bytes that changed (precise mode). The stream's log line and metrics
+// report what it did, fallbacks above all: each one reports more than
+// changed, never less, but many of them mean precise mode is not working.
+type Refiner interface {
+	Refinement() Refinement
+}
+
+// Refinement is what precise mode did in one stream.
+type Refinement struct {
+	// On is set when the Diff was asked to refine; the rest is zero
+	// otherwise.
+	On bool
+	// Candidates says where a delta's candidate objects came from
+	// ("existence" or "object map"); empty for Allocated.
+	Candidates string
+	// Objects counts the objects refined.
+	Objects int64
+	// ImageFallback is the short reason why the whole image got librbd's
+	// exact answer instead (for example "striping"), ImageFallbackDetail
+	// the long one; both empty when it was refined.
+	ImageFallback, ImageFallbackDetail string
+	// ObjectFallbacks counts, by short reason, the objects reported whole
+	// because refining them failed; LastObjectFallback is the error of the
+	// last of these.
+	ObjectFallbacks    map[string]int64
+	LastObjectFallback string
+}

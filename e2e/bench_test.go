@@ -612,7 +612,8 @@ func TestBench(t *testing.T) {
 	}
 }
 
-// benchPrecision runs the three --precision modes on the sparse image:
+// benchPrecision runs the three --precision modes, and precise mode with
+// --trust-object-map, on the sparse image:
 // time and bytes reported, against the bytes that changed.
 func benchPrecision(t *testing.T, rep *benchReport, sc benchScale, req client.Request, truth []span, warm func([]*benchMode)) {
 	t.Helper()
@@ -623,14 +624,21 @@ func benchPrecision(t *testing.T, rep *benchReport, sc benchScale, req client.Re
 		extents        int64
 		hwm            int64
 	}
-	modes := []string{"object", "exact", "precise"}
+	// precise mode with its Delta candidates from existence (the default)
+	// and from the object map's dirty bits (--trust-object-map).
+	const trusted = "precise --trust-object-map"
+	modes := []string{"object", "exact", "precise", trusted}
 	if !serverHasPrecision(t, "precise") {
 		modes = modes[:2]
 	}
 	var res []*result
 	var servers []*benchMode
 	for _, m := range modes {
-		servers = append(servers, benchServerMode(t, m, req, nil, "--precision="+m))
+		flags := []string{"--precision=" + m}
+		if m == trusted {
+			flags = []string{"--precision=precise", "--trust-object-map"}
+		}
+		servers = append(servers, benchServerMode(t, m, req, nil, flags...))
 		res = append(res, &result{mode: m})
 	}
 	warm(servers)

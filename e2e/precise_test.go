@@ -39,14 +39,19 @@ const preciseBlock = 4096 // the oracle's granularity for "truly changed"
 
 const preciseKiB = 1 << 10
 
-// preciseModes are the three --precision settings.
+// preciseModes are the three --precision settings, and precise mode with
+// --trust-object-map. unsafe names, for a mode that can miss changed
+// bytes, the README passage (section Precision) that says when: its
+// misses are logged and counted, not failed.
 var preciseModes = []struct {
-	name string
-	opts rsm.Options
+	name   string
+	opts   rsm.Options
+	unsafe string
 }{
-	{"object", rsm.Options{WholeObject: true}},
-	{"exact", rsm.Options{}},
-	{"precise", rsm.Options{Precise: true}},
+	{"object", rsm.Options{WholeObject: true}, "README, Precision: --precision=object trusts the object map (rollback, copy-on-read, shrink-snapshot-grow)"},
+	{"exact", rsm.Options{}, ""},
+	{"precise", rsm.Options{Precise: true}, ""},
+	{"precise-trusted", rsm.Options{Precise: true, TrustObjectMap: true}, "README, Precision: --trust-object-map (rollback, copy-on-read)"},
 }
 
 // preciseTally sums one mode over many queries.
@@ -113,10 +118,7 @@ func TestPreciseOracle(t *testing.T) {
 	conn := connectAdmin(t)
 	ioctx := openIOContext(t, conn, pool, "")
 	srcs := preciseSources(t)
-	tot := &preciseTotals{modes: map[string]*[2]preciseTally{}}
-	for _, m := range preciseModes {
-		tot.modes[m.name] = &[2]preciseTally{}
-	}
+	tot := newPreciseTotals()
 	for _, seed := range preciseSeeds(t) {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
 			w := newPreciseWorkload(t, ioctx, seed)
@@ -127,6 +129,19 @@ func TestPreciseOracle(t *testing.T) {
 			}
 		})
 	}
+	t.Log("\n" + tot.table())
+}
+
+func newPreciseTotals() *preciseTotals {
+	tot := &preciseTotals{modes: map[string]*[2]preciseTally{}}
+	for _, m := range preciseModes {
+		tot.modes[m.name] = &[2]preciseTally{}
+	}
+	return tot
+}
+
+// table prints the totals per mode.
+func (tot *preciseTotals) table() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "precision over %d allocated and %d delta queries (truly changed: %s allocated, %s delta in 4 KiB blocks; %s and %s byte-exact)\n",
 		tot.queries[0], tot.queries[1], preciseMiB(tot.truth[0]), preciseMiB(tot.truth[1]), preciseMiB(tot.exact[0]), preciseMiB(tot.exact[1]))
@@ -138,7 +153,7 @@ func TestPreciseOracle(t *testing.T) {
 			preciseMiB(x[1].reported), float64(x[1].reported)/float64(max(tot.truth[1], 1)),
 			x[0].missed+x[1].missed, (x[0].dur + x[1].dur).Round(time.Millisecond))
 	}
-	t.Log("\n" + b.String())
+	return b.String()
 }
 
 func preciseMiB(n int64) string { return fmt.Sprintf("%.2f MiB", float64(n)/float64(mib)) }
@@ -386,11 +401,11 @@ func (w *preciseWorkload) check(srcs map[string]*rsm.Source, tot *preciseTotals)
 			x.missed += missed
 			x.dur += dur
 			what := fmt.Sprintf("%s %s..%s of %s", m.name, q[0], q[1], p.name)
-			if missed != 0 && m.name == "object" {
-				// librbd's whole-object (fast-diff) diff of reef 18.2.7
-				// misses objects that a snapshot between the two cut
-				// off; precise mode refines those objects regardless.
-				t.Logf("librbd's whole-object diff %s: %d changed bytes not reported, the first at %d", what, missed, first)
+			if missed != 0 && m.unsafe != "" {
+				// A mode that trusts the object map's dirty bits, which
+				// reef 18.2.7 gets wrong after rollbacks, copy-on-read
+				// copy-ups and shrink-snapshot-grow.
+				t.Logf("%s: %d changed bytes not reported, the first at %d: known, documented in %s", what, missed, first, m.unsafe)
 			} else if missed != 0 {
 				t.Errorf("%s: %d changed bytes not reported, the first at %d (truth %d bytes in 4 KiB blocks); reported %v", what, missed, first, blocks, got)
 			}
@@ -561,8 +576,8 @@ func TestPreciseFallsBackAndStops(t *testing.T) {
 }
 
 // TestPreciseCost measures the three modes on a large, sparsely changed
-// image and on a dense one: the time of one Open plus Iterate (best of
-// three) and the bytes reported, against the bytes written.
+// image and on a dense one: the time of one Open plus Iterate (median of
+// five) and the bytes reported, against the bytes written.
 func TestPreciseCost(t *testing.T) {
 	conn := connectAdmin(t)
 	ioctx := openIOContext(t, conn, pool, "")
@@ -572,18 +587,18 @@ func TestPreciseCost(t *testing.T) {
 	fmt.Fprintf(&b, "| image | query | truly changed | mode | reported | ratio | time |\n|---|---|---|---|---|---|---|\n")
 	measure := func(label string, p *preciseImage, base string, truth int64) {
 		for _, m := range preciseModes {
-			var best time.Duration
+			var durs []time.Duration
 			var reported int64
-			for i := 0; i < 3; i++ {
+			for i := 0; i < 5; i++ {
 				got, dur, _ := w.query(srcs[m.name], p, base, "s2", m.name)
 				reported = 0
 				for _, e := range got {
 					reported += e.len
 				}
-				if i == 0 || dur < best {
-					best = dur
-				}
+				durs = append(durs, dur)
 			}
+			slices.Sort(durs)
+			best := durs[len(durs)/2] // the median
 			q := "Allocated(s2)"
 			if base != "" {
 				q = "Delta(s1, s2)"
@@ -626,6 +641,17 @@ func TestPreciseCost(t *testing.T) {
 	w.snap(p)
 	measure("256 MiB dense", p, "", int64(p.size))
 	measure("256 MiB dense", p, "s1", 64*4096)
+
+	// The worst case for candidates by existence: everything allocated,
+	// one object changed.
+	p = newCostImage(t, ioctx, "precise-dense-one", 512*mib)
+	for off := uint64(0); off < p.size; off += p.objSize {
+		write(p, off, p.objSize)
+	}
+	w.snap(p)
+	write(p, 77*p.objSize+w.rng.Uint64N(1023)*4096, 4096)
+	w.snap(p)
+	measure("512 MiB dense, 1 object changed", p, "s1", 4096)
 	t.Log("\n" + b.String())
 }
 

@@ -5,6 +5,8 @@ package metrics
 import (
 	"time"
 
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/driver"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"google.golang.org/grpc/codes"
@@ -24,6 +26,8 @@ type Metrics struct {
 	tuples   *prometheus.CounterVec
 	bytes    *prometheus.CounterVec
 	diff     *prometheus.HistogramVec
+	refined  *prometheus.CounterVec
+	fallback *prometheus.CounterVec
 }
 
 // New makes the metrics. conns, when not nil, reports the number of cached
@@ -57,8 +61,16 @@ func New(conns func() float64) *Metrics {
 			Help:    "Time of the librbd diff-iterate of a stream, sends included (they hold it back).",
 			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
 		}, []string{"method"}),
+		refined: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "precise_objects_total",
+			Help: "Objects that precise mode refined.",
+		}, []string{"method"}),
+		fallback: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "precise_fallbacks_total",
+			Help: "Precise mode's fallbacks to librbd's coarser answer, by scope (image: a whole stream got the exact diff; object: one object was reported whole) and reason.",
+		}, []string{"method", "scope", "reason"}),
 	}
-	m.Registry.MustRegister(m.rpcs, m.duration, m.inFlight, m.tuples, m.bytes, m.diff,
+	m.Registry.MustRegister(m.rpcs, m.duration, m.inFlight, m.tuples, m.bytes, m.diff, m.refined, m.fallback,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if conns != nil {
 		m.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -100,3 +112,20 @@ func (m *Metrics) Streamed(method string, tuples int, bytes int64, diff time.Dur
 		m.diff.WithLabelValues(method).Observe(diff.Seconds())
 	}
 }
+
+// Refined records what precise mode did in one stream. It implements
+// driver.RefinementObserver.
+func (m *Metrics) Refined(method string, r driver.Refinement) {
+	if m == nil {
+		return
+	}
+	m.refined.WithLabelValues(method).Add(float64(r.Objects))
+	if r.ImageFallback != "" {
+		m.fallback.WithLabelValues(method, "image", r.ImageFallback).Inc()
+	}
+	for reason, n := range r.ObjectFallbacks {
+		m.fallback.WithLabelValues(method, "object", reason).Add(float64(n))
+	}
+}
+
+var _ driver.RefinementObserver = (*Metrics)(nil)

@@ -63,7 +63,8 @@
 //	                        key, unknown user) is also an error whose
 //	                        Unauthenticated method returns true
 //	errors.ErrUnsupported   librbd cannot do this diff (rbd_diff_iterate3 needed);
-//	                        a delta with a flattened Ceph-CSI snapshot
+//	                        a delta with a flattened Ceph-CSI snapshot; an image
+//	                        under live migration, or a clone of one
 //	os.ErrDeadlineExceeded  the monitors are unreachable or give no session in
 //	                        time (no quorum, hung), or librados timed out; an
 //	                        OSD could not load an object class (EOPNOTSUPP)
@@ -75,7 +76,9 @@
 // # Iteration
 //
 // Diff.Iterate runs exactly one librbd diff-iterate per call, from an
-// offset to the end of the snapshot. librbd calls back on the calling
+// offset to the end of the snapshot (a precise delta by existence first
+// runs a whole-object one at the base snapshot, to list its objects; see
+// precise.go). librbd calls back on the calling
 // thread and blocking in the callback is safe, so the caller's function may
 // apply backpressure. To stop early, the callback returns a negative errno
 // to librbd, keeps the reason, and Iterate returns that reason in

@@ -6,8 +6,19 @@ package rbd
 // Iterate call:
 //
 //  1. candidates: librbd's whole-object diff-iterate, which with fast-diff
-//     reads only the object map, names the objects that changed (delta) or
-//     hold data (allocated);
+//     reads only the object maps, names the objects that hold data at the
+//     target snapshot (allocated) or that may have changed (delta). For a
+//     delta these are, by default, the objects that exist at the base or
+//     at the target snapshot (two whole-object diffs from the beginning,
+//     reading the maps' existence bits); with Options.TrustObjectMap, the
+//     objects the maps mark dirty between the two. Dirty bits are cheaper,
+//     since they follow the change, not the data, but librbd leaves them
+//     clean on changed objects after `rbd snap rollback` (it copies the
+//     snapshot's object map, clean bits included, over the head's) and
+//     when a copy-on-read copy-up races a write; existence stays right in
+//     both cases, and list_snaps then decides exactly. Objects whose
+//     parent data the target lost (the parent overlap shrank) and those a
+//     shrink between the snapshots cut off are refined in either case;
 //  2. refinement: each candidate is refined with RADOS queries on
 //     rbd_data.<image id>.<object number>: list_snaps (existence, size and
 //     clone overlap per snapshot) and mapext (allocated extents at a
@@ -32,6 +43,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -50,21 +62,64 @@ const (
 
 // PreciseStats describes the precise refinement of a Diff's iterations.
 type PreciseStats struct {
+	// On is set when precise mode was asked for.
+	On bool
+	// Candidates says where a delta's candidates come from: "existence"
+	// or "object map" (see the package comment); empty otherwise.
+	Candidates string
 	// Unrefined says why the Diff runs librbd's exact diff instead of
-	// precise mode; empty when it refines (or precise mode is off).
-	Unrefined string
+	// precise mode, UnrefinedReason the same as one of the Reason
+	// constants; both empty when it refines (or precise mode is off).
+	Unrefined, UnrefinedReason string
 	// Objects counts the candidate objects refined, Fallbacks those
-	// reported whole because refining failed; LastFallback is the error
-	// of the last of these.
+	// reported whole because refining failed, FallbackReasons those by
+	// Reason; LastFallback is the error of the last of these.
 	Objects, Fallbacks int64
+	FallbackReasons    map[string]int64
 	LastFallback       string
+}
+
+// Reasons why precise mode fell back, short enough for a metric label:
+// for a whole image (to librbd's exact diff) or for one object (to its
+// whole-object extent).
+const (
+	ReasonStriping   = "striping"    // image: non-default striping
+	ReasonDataPool   = "data-pool"   // image: a separate data pool
+	ReasonEncrypted  = "encrypted"   // image: librbd-level encryption
+	ReasonCloneDepth = "clone-depth" // image: a clone chain too deep
+	ReasonError      = "error"       // image or object: a query failed
+	ReasonListSnaps  = "list-snaps"  // object: list_snaps failed
+	ReasonMapext     = "mapext"      // object: mapext failed
+	ReasonSnapSet    = "snap-set"    // object: a snap set precise mode cannot read
+	ReasonPanic      = "panic"       // object: refining panicked
+)
+
+// reasoned is an error with its Reason.
+type reasoned struct {
+	reason string
+	err    error
+}
+
+func (r reasoned) Error() string { return r.err.Error() }
+func (r reasoned) Unwrap() error { return r.err }
+
+// reasonOf returns err's Reason, ReasonError when it has none.
+func reasonOf(err error) string {
+	if r, ok := errors.AsType[reasoned](err); ok {
+		return r.reason
+	}
+	var u unrefinable
+	if errors.As(err, &u) {
+		return u.reason
+	}
+	return ReasonError
 }
 
 // refiner holds what a Diff needs to refine candidates: the image's layers
 // at the target (and base) snapshot, each with an ioctx reading at its
 // snapshot, and one reading the snap sets.
 type refiner struct {
-	unrefined string // why not; when set, nothing else is
+	unrefined, reason string // why not; when set, nothing else is
 
 	top  *layer           // the image at the target snapshot
 	base *layer           // the image at the base snapshot; nil: allocated
@@ -75,33 +130,57 @@ type refiner struct {
 	// cut off and both s1 and s2 have: librbd's object map diff (reef
 	// 18.2.7) can miss the objects there, so they are always refined.
 	shrunk span
+	// lostParent is the raw range where s1 read parent data and s2, whose
+	// parent overlap is smaller, reads zeros (or its own objects): the
+	// object maps say nothing of it, so it is always refined.
+	lostParent span
+	// existence: a delta's candidates are the objects that exist at s1
+	// or s2 (see the package comment), not the object map's dirty ones.
+	existence bool
 
 	ioctxs []*rados.IOContext
 
 	objects, fallbacks atomic.Int64
 	mu                 sync.Mutex
 	lastFallback       string
+	reasons            map[string]int64
 }
 
 // layer is an image at one snapshot, as precise mode reads it: an object
 // that does not exist there reads from the parent layer within overlap.
 type layer struct {
-	ioctx   *rados.IOContext // read snapshot set to the layer's snapshot
-	prefix  string           // rbd_data.<image id>
-	objSize int64
-	overlap int64 // bytes backed by parent
-	parent  *layer
+	ioctx     *rados.IOContext // read snapshot set to the layer's snapshot
+	prefix    string           // the image's block name prefix
+	oldFormat bool             // a format 1 image
+	objSize   int64
+	overlap   int64 // bytes backed by parent
+	parent    *layer
 }
 
-func (l *layer) object(objno int64) string { return fmt.Sprintf("%s.%016x", l.prefix, objno) }
+func (l *layer) object(objno int64) string { return dataObject(l.prefix, l.oldFormat, objno) }
+
+// dataObject is the name of data object objno of an image with the block
+// name prefix prefix (rbd_data.<image id> in format 2, rb.0.<...> in
+// format 1), as librbd's util::data_object_name forms it: 12 hex digits in
+// format 1, 16 in format 2.
+func dataObject(prefix string, oldFormat bool, objno int64) string {
+	if oldFormat {
+		return fmt.Sprintf("%s.%012x", prefix, objno)
+	}
+	return fmt.Sprintf("%s.%016x", prefix, objno)
+}
 
 // unrefinable is a reason to run librbd's exact diff instead.
-type unrefinable string
+type unrefinable struct{ reason, msg string }
 
-func (u unrefinable) Error() string { return string(u) }
+func (u unrefinable) Error() string { return u.msg }
 
 // usable reports whether Iterate refines; false for a nil refiner.
 func (r *refiner) usable() bool { return r != nil && r.unrefined == "" }
+
+// byExistence reports whether Iterate takes a delta's candidates from
+// object existence.
+func (r *refiner) byExistence() bool { return r.usable() && r.existence }
 
 // openPrecise prepares precise mode after open: the image at its target
 // snapshot, and at the base snapshot for a delta. When the image cannot be
@@ -110,7 +189,7 @@ func (r *refiner) usable() bool { return r != nil && r.unrefined == "" }
 // to put it back there is the only error.
 //
 // Implements (through go-ceph): rbd_stat, rbd_get_stripe_unit,
-// rbd_get_stripe_count, rbd_get_features, rbd_get_parent,
+// rbd_get_stripe_count, rbd_get_features, rbd_get_old_format, rbd_get_parent,
 // rbd_get_overlap, rbd_open_by_id_read_only, rbd_snap_set_by_id, rbd_read,
 // rados_ioctx_create, rados_ioctx_snap_set_read.
 func (d *Diff) openPrecise() error {
@@ -119,7 +198,7 @@ func (d *Diff) openPrecise() error {
 	err := r.open(d)
 	if err != nil {
 		r.close()
-		d.refine = &refiner{unrefined: err.Error()}
+		d.refine = &refiner{unrefined: err.Error(), reason: reasonOf(err)}
 		d.whole = false
 	} else {
 		d.whole = true // stage 1 is the whole-object diff
@@ -138,7 +217,7 @@ func (r *refiner) open(d *Diff) error {
 		magic := make([]byte, 6)
 		if n, _ := d.image.ReadAt(magic, 0); n == len(magic) &&
 			(bytes.Equal(magic, []byte("LUKS\xba\xbe")) || bytes.HasPrefix(magic, []byte("RBDL"))) {
-			return unrefinable("the image looks encrypted by librbd (a LUKS header without Ceph-CSI's encryption metadata)")
+			return unrefinable{ReasonEncrypted, "the image looks encrypted by librbd (a LUKS header without Ceph-CSI's encryption metadata)"}
 		}
 	}
 	t := d.target
@@ -161,6 +240,18 @@ func (r *refiner) open(d *Diff) error {
 		return err
 	}
 	r.shrunk = span{lo, hi - lo}
+	if ov1, ov2 := r.base.overlap, r.top.overlap; ov2 < ov1 {
+		r.lostParent = span{ov2, min(ov1, d.capacity+d.header) - ov2}
+	}
+	if !d.trustObjectMap {
+		// Without fast-diff, librbd's whole-object diff runs list_snaps on
+		// every object: exact already, and existence would only cost more.
+		features, err := d.image.GetFeatures()
+		if err != nil {
+			return wrap("get features", err)
+		}
+		r.existence = features&librbd.FeatureFastDiff != 0
+	}
 	if r.dir, err = r.ioctx(conn, t.pool, t.namespace, snapDir); err != nil {
 		return err
 	}
@@ -199,7 +290,7 @@ func (r *refiner) layer(conn *rados.Conn, pool, ns string, img *librbd.Image, sn
 	// of the image is in object b / object size (a clone inherits its
 	// parent's stripe unit, which can be smaller than its objects).
 	if st.Obj_size == 0 || su == 0 || st.Obj_size%su != 0 || sc != 1 {
-		return nil, unrefinable(fmt.Sprintf("non-default striping (object size %d, stripe unit %d, stripe count %d)", st.Obj_size, su, sc))
+		return nil, unrefinable{ReasonStriping, fmt.Sprintf("non-default striping (object size %d, stripe unit %d, stripe count %d)", st.Obj_size, su, sc)}
 	}
 	ioctx, err := r.ioctx(conn, pool, ns, snap)
 	if err != nil {
@@ -210,9 +301,13 @@ func (r *refiner) layer(conn *rados.Conn, pool, ns string, img *librbd.Image, sn
 		return nil, wrap("get features", err)
 	}
 	if features&librbd.FeatureDataPool != 0 {
-		return nil, unrefinable("image data in a separate data pool, possibly erasure-coded")
+		return nil, unrefinable{ReasonDataPool, "image data in a separate data pool, possibly erasure-coded"}
 	}
-	l := &layer{ioctx: ioctx, prefix: st.Block_name_prefix, objSize: int64(st.Obj_size)}
+	old, err := img.IsOldFormat()
+	if err != nil {
+		return nil, wrap("get image format", err)
+	}
+	l := &layer{ioctx: ioctx, prefix: st.Block_name_prefix, oldFormat: old, objSize: int64(st.Obj_size)}
 
 	parent, err := img.GetParent()
 	if errors.Is(err, librbd.ErrNotFound) {
@@ -229,7 +324,7 @@ func (r *refiner) layer(conn *rados.Conn, pool, ns string, img *librbd.Image, sn
 		return l, nil
 	}
 	if depth >= maxParentDepth {
-		return nil, unrefinable(fmt.Sprintf("a clone chain deeper than %d", maxParentDepth))
+		return nil, unrefinable{ReasonCloneDepth, fmt.Sprintf("a clone chain deeper than %d", maxParentDepth)}
 	}
 	pi := parent.Image
 	pio, err := conn.OpenIOContext(pi.PoolName)
@@ -266,23 +361,45 @@ func (r *refiner) close() {
 }
 
 // pipeline returns the pipeline of one Iterate call over the raw range
-// [off, off+length), delivering to emit.
-func (r *refiner) pipeline(ctx context.Context, off, length uint64, emit librbd.DiffIterateCallback) *pipeline {
+// [off, off+length), delivering to emit. existing are the raw ranges of
+// the objects that exist at s1, when candidates come from existence.
+func (r *refiner) pipeline(ctx context.Context, off, length uint64, existing []span, emit librbd.DiffIterateCallback) *pipeline {
 	refine := r.allocated
 	if r.base != nil {
 		refine = r.delta
 	}
-	p := newPipeline(ctx, r.top.objSize, preciseWindow, r.base == nil, refine, emit, r.fellBack)
-	if lo, hi := max(r.shrunk.off, int64(off)), min(r.shrunk.end(), int64(off+length)); lo < hi {
-		p.forced = []span{{lo, hi - lo}}
-	}
+	skipGone := r.base == nil || r.existence // gone at s2: a candidate only if it existed at s1
+	p := newPipeline(ctx, r.top.objSize, preciseWindow, skipGone, refine, emit, r.fellBack)
+	p.forced = forcedRanges(r.top.objSize, int64(off), int64(off+length), append([]span{r.shrunk, r.lostParent}, existing...))
 	return p
+}
+
+// forcedRanges returns the ranges in which every object is refined,
+// whether librbd names it or not: rs rounded out to whole objects of size
+// objSize, clipped to [lo, hi), merged and ascending.
+func forcedRanges(objSize, lo, hi int64, rs []span) []span {
+	var out []span
+	for _, s := range rs {
+		if s.len <= 0 {
+			continue
+		}
+		o := max(lo, s.off-s.off%objSize)
+		e := min(hi, (s.end()+objSize-1)/objSize*objSize)
+		if o < e {
+			out = append(out, span{o, e - o})
+		}
+	}
+	return normalize(out)
 }
 
 func (r *refiner) fellBack(err error) {
 	r.fallbacks.Add(1)
 	r.mu.Lock()
 	r.lastFallback = err.Error()
+	if r.reasons == nil {
+		r.reasons = map[string]int64{}
+	}
+	r.reasons[reasonOf(err)]++
 	r.mu.Unlock()
 }
 
@@ -292,7 +409,16 @@ func (r *refiner) stats() PreciseStats {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return PreciseStats{Unrefined: r.unrefined, Objects: r.objects.Load(), Fallbacks: r.fallbacks.Load(), LastFallback: r.lastFallback}
+	st := PreciseStats{On: true, Unrefined: r.unrefined, UnrefinedReason: r.reason,
+		Objects: r.objects.Load(), Fallbacks: r.fallbacks.Load(), LastFallback: r.lastFallback,
+		FallbackReasons: maps.Clone(r.reasons)}
+	if r.usable() && r.base != nil {
+		st.Candidates = "object map"
+		if r.existence {
+			st.Candidates = "existence"
+		}
+	}
+	return st
 }
 
 // PreciseStats describes precise mode's work on this Diff so far.
@@ -335,7 +461,7 @@ func (l *layer) view(ctx context.Context, off, end int64) ([]span, error) {
 			}
 			out = append(out, p...)
 		case err != nil:
-			return nil, fmt.Errorf("mapext %s: %w", name, err)
+			return nil, reasoned{ReasonMapext, fmt.Errorf("mapext %s: %w", name, err)}
 		default:
 			out = append(out, clip(shift(ext, base), o, oe)...)
 		}
@@ -369,22 +495,22 @@ func (r *refiner) delta(ctx context.Context, c candidate) ([]span, error) {
 		// still list it, when it lived only between two snapshots.
 		ss = snapSet{}
 	case err != nil:
-		return nil, fmt.Errorf("list_snaps %s: %w", name, err)
+		return nil, reasoned{ReasonListSnaps, fmt.Errorf("list_snaps %s: %w", name, err)}
 	}
 	od, err := diffSnapSet(ss, r.s1, r.s2)
 	if err != nil {
-		return nil, fmt.Errorf("object %s: %w", name, err)
+		return nil, reasoned{ReasonSnapSet, fmt.Errorf("object %s: %w", name, err)}
 	}
 	n := od.needs()
 	var own1, own2, parent1, parent2 []span
 	if n.own1 {
 		if own1, err = mapext(r.base.ioctx, name, 0, size); err != nil {
-			return nil, fmt.Errorf("mapext %s at snapshot %d: %w", name, r.s1, err)
+			return nil, reasoned{ReasonMapext, fmt.Errorf("mapext %s at snapshot %d: %w", name, r.s1, err)}
 		}
 	}
 	if n.own2 {
 		if own2, err = mapext(r.top.ioctx, name, 0, size); err != nil {
-			return nil, fmt.Errorf("mapext %s at snapshot %d: %w", name, r.s2, err)
+			return nil, reasoned{ReasonMapext, fmt.Errorf("mapext %s at snapshot %d: %w", name, r.s2, err)}
 		}
 	}
 	if n.parent1 {

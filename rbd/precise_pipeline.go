@@ -217,7 +217,7 @@ func (p *pipeline) run(c candidate) ([]span, error) {
 	out, err := func() (out []span, err error) {
 		defer func() {
 			if r := recover(); r != nil {
-				err = fmt.Errorf("refining %d+%d panicked: %v", c.off, c.len, r)
+				err = reasoned{ReasonPanic, fmt.Errorf("refining %d+%d panicked: %v", c.off, c.len, r)}
 			}
 		}()
 		// Each query is a synchronous librados call on an OS thread

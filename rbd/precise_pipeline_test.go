@@ -303,3 +303,33 @@ func TestPipelineRefineSlots(t *testing.T) {
 		t.Errorf("peak %d refinements, bound %d", peak.Load(), maxRefining)
 	}
 }
+
+// TestPipelineExistence: a delta by existence refines the objects that
+// exist at the target (librbd's exists = 1) and, forced, those that
+// existed at the base, gone at the target included; each once, in order.
+func TestPipelineExistence(t *testing.T) {
+	var inFlight, peak atomic.Int64
+	p := newPipeline(context.Background(), 100, 4, true, fakeRefine(nil, &inFlight, &peak), nil, func(error) {})
+	// At the base: objects 0, 1 and 5; at the target: 1, 3 (and 5 gone).
+	p.forced = forcedRanges(100, 0, 1000, []span{{0, 200}, {500, 100}})
+	var got []span
+	p.emit = func(off, length uint64, exists int, _ any) int {
+		got = append(got, span{int64(off), int64(length)})
+		return 0
+	}
+	for _, f := range []struct {
+		off    uint64
+		exists int
+	}{{100, 1}, {300, 1}, {500, 0}} {
+		if p.feed(f.off, 100, f.exists, nil) < 0 {
+			t.Fatal("stopped")
+		}
+	}
+	if err := p.finish(nil); err != nil {
+		t.Fatal(err)
+	}
+	want := []span{{0, 25}, {100, 25}, {300, 25}, {500, 25}}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("got  %v\nwant %v", got, want)
+	}
+}

@@ -1,6 +1,9 @@
 package rbd
 
 import (
+	"errors"
+	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -209,5 +212,59 @@ func TestSpanOps(t *testing.T) {
 	got = subtract([]span{{0, 100}}, []span{{0, 10}, {20, 10}, {90, 20}})
 	if d := cmp.Diff([]span{{10, 10}, {30, 60}}, got, cmp.AllowUnexported(span{})); d != "" {
 		t.Errorf("subtract (-want +got):\n%s", d)
+	}
+}
+
+// TestDataObject: object names as librbd forms them, in both formats.
+func TestDataObject(t *testing.T) {
+	for _, c := range []struct {
+		prefix string
+		old    bool
+		objno  int64
+		want   string
+	}{
+		{"rbd_data.10226b8b4567", false, 0, "rbd_data.10226b8b4567.0000000000000000"},
+		{"rbd_data.10226b8b4567", false, 0x1a2b, "rbd_data.10226b8b4567.0000000000001a2b"},
+		{"rb.0.1014.6b8b4567", true, 0, "rb.0.1014.6b8b4567.000000000000"},
+		{"rb.0.1014.6b8b4567", true, 0x1a2b, "rb.0.1014.6b8b4567.000000001a2b"},
+	} {
+		if got := dataObject(c.prefix, c.old, c.objno); got != c.want {
+			t.Errorf("dataObject(%q, %v, %#x) = %q, want %q", c.prefix, c.old, c.objno, got, c.want)
+		}
+	}
+}
+
+// TestForcedRanges: ranges are rounded out to whole objects, clipped to
+// the iteration, merged and sorted.
+func TestForcedRanges(t *testing.T) {
+	got := forcedRanges(100, 50, 1000, []span{
+		{850, 10},  // inside one object
+		{0, 0},     // empty: ignored
+		{120, 100}, // across objects 1 and 2
+		{10, 20},   // object 0, clipped at 50
+		{300, 100}, // object 3, adjacent to 1-2: merged
+		{990, 500}, // beyond the end: clipped
+	})
+	want := []span{{50, 350}, {800, 200}}
+	if !slices.Equal(got, want) {
+		t.Errorf("forcedRanges = %v, want %v", got, want)
+	}
+}
+
+// TestReasonOf: fallbacks are counted under their reason, whatever wraps
+// them.
+func TestReasonOf(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want string
+	}{
+		{reasoned{ReasonListSnaps, errors.New("x")}, ReasonListSnaps},
+		{fmt.Errorf("refine: %w", reasoned{ReasonMapext, errors.New("x")}), ReasonMapext},
+		{unrefinable{ReasonStriping, "x"}, ReasonStriping},
+		{errors.New("x"), ReasonError},
+	} {
+		if got := reasonOf(c.err); got != c.want {
+			t.Errorf("reasonOf(%v) = %q, want %q", c.err, got, c.want)
+		}
 	}
 }

@@ -37,6 +37,13 @@ type Options struct {
 	// changed, with RADOS queries per changed object (see precise.go).
 	// It overrides WholeObject.
 	Precise bool
+	// TrustObjectMap makes precise mode take a delta's candidates from the
+	// object map's dirty bits (librbd's fast-diff) instead of from object
+	// existence at either snapshot. Faster on large images with few
+	// changes, but it misses changes after operations that leave clean
+	// bits on changed objects: `rbd snap rollback`, and copy-on-read
+	// clones (rbd_clone_copy_on_read). See precise.go.
+	TrustObjectMap bool
 }
 
 // Default option values.
@@ -169,7 +176,7 @@ func (s *Source) Open(ctx context.Context, req Request) (_ *Diff, err error) {
 	if _, err := lc.get(); err != nil {
 		return nil, err
 	}
-	d := &Diff{conns: s.conns, cc: lc.take(), target: tref, base: bref, whole: s.opts.WholeObject}
+	d := &Diff{conns: s.conns, cc: lc.take(), target: tref, base: bref, whole: s.opts.WholeObject, trustObjectMap: s.opts.TrustObjectMap}
 	defer func() {
 		if err != nil {
 			d.discardConnOnTimeout(err)

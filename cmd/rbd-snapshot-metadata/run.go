@@ -40,6 +40,7 @@ func run(args []string) int {
 		blockType   = fs.String("block-metadata-type", "VARIABLE_LENGTH", "VARIABLE_LENGTH or FIXED_LENGTH")
 		blockSize   = fs.Int64("fixed-block-size", 1<<20, "tuple size in bytes for FIXED_LENGTH")
 		precision   = fs.String("precision", "precise", "precise: the bytes that changed (object map, then RADOS queries per changed object); exact: librbd's per-extent diff; object: whole RADOS objects (fast with fast-diff)")
+		trustOM     = fs.Bool("trust-object-map", false, "precise deltas take candidates from the object map's dirty bits: faster, but misses changes after rbd snap rollback and on copy-on-read clones (see README, Precision)")
 		mountTO     = fs.Duration("ceph-connect-timeout", rbd.DefaultMountTimeout, "how long connecting to the monitors may take (librados client_mount_timeout)")
 		opTO        = fs.Duration("ceph-op-timeout", rbd.DefaultOpTimeout, "librados monitor and OSD operation timeout")
 		idleTO      = fs.Duration("ceph-conn-idle", rbd.DefaultIdleTimeout, "how long an unused cluster connection stays cached")
@@ -77,13 +78,14 @@ func run(args []string) int {
 
 	logger := klog.Background()
 	src := rbd.NewSource(rbd.Options{
-		ConfigPath:   *configPath,
-		MountTimeout: *mountTO,
-		OpTimeout:    *opTO,
-		IdleTimeout:  *idleTO,
-		MaxConnAge:   *maxAge,
-		WholeObject:  wholeObject,
-		Precise:      precise,
+		ConfigPath:     *configPath,
+		MountTimeout:   *mountTO,
+		OpTimeout:      *opTO,
+		IdleTimeout:    *idleTO,
+		MaxConnAge:     *maxAge,
+		WholeObject:    wholeObject,
+		Precise:        precise,
+		TrustObjectMap: *trustOM,
 	})
 	defer src.Close()
 	m := metrics.New(func() float64 { return float64(src.Stats().Conns) })
@@ -101,7 +103,8 @@ func run(args []string) int {
 		return 2
 	}
 	logger.Info("Starting", "version", version, "driver", *driverName, "clusterConfig", *configPath,
-		"blockMetadataType", *blockType, "fixedBlockSize", *blockSize, "precision", *precision, "maxStreams", *maxStreams, "stallTimeout", *stall)
+		"blockMetadataType", *blockType, "fixedBlockSize", *blockSize, "precision", *precision,
+		"trustObjectMap", *trustOM, "maxStreams", *maxStreams, "stallTimeout", *stall)
 
 	ctx, stop := signal.NotifyContext(klog.NewContext(context.Background(), logger), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

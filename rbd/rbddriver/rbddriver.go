@@ -30,3 +30,19 @@ func (d diff) Iterate(ctx context.Context, offset int64, fn func(driver.Extent) 
 		return fn(driver.Extent{Offset: off, Length: length})
 	})
 }
+
+// Refinement implements driver.Refiner.
+func (d diff) Refinement() driver.Refinement {
+	st := d.Diff.PreciseStats()
+	return driver.Refinement{
+		On:                  st.On,
+		Candidates:          st.Candidates,
+		Objects:             st.Objects,
+		ImageFallback:       st.UnrefinedReason,
+		ImageFallbackDetail: st.Unrefined,
+		ObjectFallbacks:     st.FallbackReasons,
+		LastObjectFallback:  st.LastFallback,
+	}
+}
+
+var _ driver.Refiner = diff{}
