@@ -1,15 +1,17 @@
 #!/bin/bash
-# A throwaway single-node Ceph reef cluster for tests and demos: 1 mon and 1
+# A throwaway single-node Ceph cluster for tests and demos: 1 mon and 1
 # bluestore OSD (on a sparse file), cephx on, 127.0.0.1 only, pool "rbd"
 # (initialized, with RBD namespace "ns1"), clone format 2. The daemons run in
-# the rootfs of rootfs.sh; all state lives in DIR, which `start` wipes.
+# the rootfs of rootfs.sh (RSM_CEPH=reef, the default, or tentacle); all
+# state lives in DIR, which `start` wipes.
 #
 #   e2e/cluster.sh start|stop|kill|status DIR
 #
 # start   wipes DIR, starts the cluster (~4 s) and writes
 #         DIR/env              shell-sourceable CEPH_MON_HOST, CEPH_MON_V1,
 #                              CEPH_USER, CEPH_KEY, CEPH_CSI_USER, CEPH_CSI_KEY,
-#                              CEPH_CONF, RSM_CLUSTER_DIR
+#                              CEPH_CONF, RSM_CLUSTER_DIR, RSM_CLUSTER_CEPH
+#                              (reef or tentacle), RSM_CLUSTER_CEPH_VERSION
 #         DIR/csi-config.json  Ceph-CSI cluster config (clusterIDs rsm-e2e and
 #                              rsm-e2e-ns1, the latter with radosNamespace ns1)
 #         A failed start leaves no daemon behind.
@@ -304,6 +306,8 @@ CEPH_CSI_USER=csi
 CEPH_CSI_KEY=$(ceph-authtool -p -n client.csi "$C/mon.keyring")
 CEPH_CONF=$C/ceph.conf
 RSM_CLUSTER_DIR=$C
+RSM_CLUSTER_CEPH=${RSM_CEPH:-reef}
+RSM_CLUSTER_CEPH_VERSION=$(ceph-mon --version | awk '{ print $3 }')
 EOF
   cat >"$C/csi-config.json" <<EOF
 [{"clusterID":"rsm-e2e","monitors":["$host:$v1"]},{"clusterID":"rsm-e2e-ns1","monitors":["$host:$v1"],"rbd":{"radosNamespace":"ns1"}}]
