@@ -19,6 +19,10 @@
 #         Only the PIDs in DIR/run/*.pid are signalled.
 # status  the daemons, their RSS and `ceph health`; exit 1 unless all is up.
 #
+# Keys: RSM_CEPH_KEY_TYPE=aes gives client.admin and client.csi keys of the
+# old type on tentacle, whose tools make aes256k keys that reef's librados
+# cannot read (with-cluster.sh sets it for a reef client on tentacle).
+#
 # Ports: RSM_CEPH_PORT_BASE=N uses N (mon v2), N+1 (mon v1) and N+10..N+99
 # (OSD); start refuses if N or N+1 is taken. Unset, the first free block among
 # 16500, 16600, ..., 17400 is used, so several clusters can run side by side.
@@ -224,6 +228,9 @@ mon_data_avail_warn = 2
 mon_data_avail_crit = 1
 # pool create plus rbd pool init: ~4 s at the default 1 s
 paxos_propose_interval = 0.1
+$([ "${RSM_CEPH_KEY_TYPE:-}" != aes ] || echo "# tentacle's mon allows only aes256k (CVE-2025-30156); the mon map's
+# auth_allowed_ciphers can be changed only once authenticated
+mon_auth_emergency_allowed_ciphers = aes, aes256k")
 
 [client]
 keyring = $C/keyring
@@ -268,11 +275,15 @@ EOF
 
   # Every key in the mon's mkfs keyring is imported: client.admin and the
   # Ceph-CSI style client.csi.
-  ceph-authtool --create-keyring "$C/keyring" --gen-key -n client.admin \
+  # tentacle's tools make aes256k keys, which reef's librados cannot use;
+  # RSM_CEPH_KEY_TYPE=aes makes the two clients' keys as reef does.
+  local keytype=()
+  [ -z "${RSM_CEPH_KEY_TYPE:-}" ] || keytype=("--key-type=$RSM_CEPH_KEY_TYPE")
+  ceph-authtool --create-keyring "$C/keyring" --gen-key "${keytype[@]}" -n client.admin \
     --cap mon 'allow *' --cap osd 'allow *' --cap mgr 'allow *' --cap mds 'allow *'
   ceph-authtool --create-keyring "$C/mon.keyring" --gen-key -n mon. --cap mon 'allow *'
   ceph-authtool "$C/mon.keyring" --import-keyring "$C/keyring"
-  ceph-authtool "$C/mon.keyring" --gen-key -n client.csi \
+  ceph-authtool "$C/mon.keyring" --gen-key "${keytype[@]}" -n client.csi \
     --cap mon 'profile rbd' --cap osd 'profile rbd' --cap mgr 'profile rbd'
   monmaptool --create --addv a "$mon_addr" --fsid "$fsid" "$C/monmap"
   ceph-mon "${conf[@]}" --mkfs -i a --monmap "$C/monmap" --keyring "$C/mon.keyring"

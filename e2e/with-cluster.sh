@@ -22,6 +22,10 @@ export RSM_CEPH=${RSM_CEPH:-reef}
 export RSM_CLIENT_CEPH=${RSM_CLIENT_CEPH:-$RSM_CEPH}
 "$HERE/rootfs.sh"
 [ "$RSM_CLIENT_CEPH" = "$RSM_CEPH" ] || RSM_CEPH=$RSM_CLIENT_CEPH "$HERE/rootfs.sh"
+# reef's librados reads only aes keys; tentacle makes aes256k ones by default.
+if [ "$RSM_CEPH" = tentacle ] && [ "$RSM_CLIENT_CEPH" = reef ]; then
+  export RSM_CEPH_KEY_TYPE=${RSM_CEPH_KEY_TYPE:-aes}
+fi
 CLUSTER=$(mktemp -d /var/tmp/rsm-e2e.XXXXXX)
 cleanup() {
   "$HERE/cluster.sh" stop "$CLUSTER" || "$HERE/cluster.sh" kill "$CLUSTER" || true
