@@ -5,20 +5,21 @@
 # both releases here have it:
 #
 #   RSM_CEPH=reef      (default) Debian 13 trixie, Ceph reef 18.2.x (>= 18.2.7)
-#   RSM_CEPH=tentacle  Debian forky (testing), Ceph tentacle 20.2.x; sid when
-#                      forky lacks it. Debian 12's debootstrap has no forky
-#                      script: sid's is used. The testing/unstable Release
-#                      file may be past its Valid-Until on a mirror snapshot,
-#                      so apt inside that rootfs does not check it.
+#   RSM_CEPH=tentacle  Debian forky (testing), Ceph tentacle 20.2.x; should
+#                      forky lose Ceph, RSM_CEPH_SUITE=sid builds from sid.
+#                      Debian 12's debootstrap has no forky script: sid's is
+#                      used. The testing/unstable Release file may be past
+#                      its Valid-Until on a mirror snapshot, so apt inside
+#                      that rootfs does not check it.
 #
 # Each release has its own rootfs and tarball (e2e/ceph-release.sh names them).
 # Idempotent and safe to run concurrently (flock): a ready rootfs returns at
 # once; a missing one is restored from the tarball, else built with
-# debootstrap (minbase) plus apt-get install in a chroot (~1-2 min), after
-# which the tarball is written.
+# debootstrap (minbase) plus apt-get install in a chroot (~1 min on an idle
+# machine, ~10 min on a busy one), after which the tarball is written.
 #
 # Environment:
-#   RSM_CEPH          reef or tentacle (see above)
+#   RSM_CEPH          reef or tentacle (see above); RSM_CEPH_SUITE the Debian suite
 #   RSM_ROOTFS        target folder (default /var/cache/rbd-snapshot-metadata/rootfs,
 #                     or rootfs-tentacle)
 #   RSM_ROOTFS_CACHE  tarball (default the folder's name plus .tar.zst; "none" = no cache)
