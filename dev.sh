@@ -4,8 +4,11 @@
 #
 #   ./dev.sh demo     a throwaway Ceph cluster, the server, and real changed blocks
 #   ./dev.sh test     unit tests, then e2e tests against a fresh real cluster
+#                     (reef), then the matrix (tentacle and cross-version)
 #   ./dev.sh unit     gofmt, go vet, unit tests (the driver also without cgo), -race
-#   ./dev.sh e2e [go test args]   e2e tests only
+#   ./dev.sh e2e [go test args]   e2e tests only (RSM_CEPH=tentacle: on Ceph tentacle)
+#   ./dev.sh matrix   the oracle tests on tentacle, and across versions (reef's
+#                     librbd on a tentacle cluster, tentacle's on reef)
 #   ./dev.sh bench [go test args]   the benchmark; RSM_BENCH_SCALE=full for 2^20 extents and 1 TiB
 #   ./dev.sh image [go test args]   build as the Dockerfile does (in the Debian 13
 #                     rootfs), then run e2e tests with that binary
@@ -65,12 +68,31 @@ e2e() {
 	e2e/run-e2e.sh "$@"
 }
 
+# The tests that check answers (byte oracle, rbd diff, Ceph-CSI handles,
+# paging, errors, librbd's own fast-diff), run against the releases that
+# ./dev.sh e2e (reef only) does not cover. RSM_CEPH is the cluster's
+# release, RSM_CLIENT_CEPH the one whose librbd the server and tests use.
+MATRIX_TESTS='^(TestServerMatchesRbdDiff|TestPreciseOracle|TestCSISnapshotHandles|TestHarness.*|TestLibrbdFastDiffShrinkRegrow|TestStartingOffsetAndMaxResults|TestResume|TestClientResumesBrokenStreams|TestErrors|TestWrongKey|TestUserWithoutPoolRights|TestConformance|TestMonitorForms)$'
+CROSS_TESTS='^(TestServerMatchesRbdDiff|TestPreciseOracle|TestCSISnapshotHandles|TestHarnessDiffTrashSnapshotsByID|TestLibrbdFastDiffShrinkRegrow)$'
+
+matrix() {
+	build
+	local t m cluster client tests
+	for m in tentacle/tentacle/"$MATRIX_TESTS" tentacle/reef/"$CROSS_TESTS" reef/tentacle/"$CROSS_TESTS"; do
+		IFS=/ read -r cluster client tests <<<"$m"
+		t=$(date +%s)
+		echo "dev: e2e, $cluster cluster, $client librbd" >&2
+		RSM_CEPH=$cluster RSM_CLIENT_CEPH=$client e2e/run-e2e.sh -run "$tests"
+		echo "dev: e2e, $cluster cluster, $client librbd: passed in $(($(date +%s) - t)) s" >&2
+	done
+}
+
 case "${1:-}" in
-deps | build | unit | lint) "$1" ;;
+deps | build | unit | lint | matrix) "$1" ;;
 e2e) shift; e2e "$@" ;;
 image) shift; e2e/image-build-test.sh "$@" ;;
 bench) shift; build; e2e/run-bench.sh "$@" ;;
-test) unit; e2e; e2e/image-build-test.sh ;;
+test) unit; e2e; matrix; e2e/image-build-test.sh ;;
 demo) build; e2e/demo.sh ;;
-*) sed -n '2,19s/^# \{0,1\}//p' "$0" >&2; exit 2 ;;
+*) sed -n '2,22s/^# \{0,1\}//p' "$0" >&2; exit 2 ;;
 esac

@@ -1,21 +1,27 @@
 #!/bin/bash
-# A throwaway single-node Ceph reef cluster for tests and demos: 1 mon and 1
+# A throwaway single-node Ceph cluster for tests and demos: 1 mon and 1
 # bluestore OSD (on a sparse file), cephx on, 127.0.0.1 only, pool "rbd"
 # (initialized, with RBD namespace "ns1"), clone format 2. The daemons run in
-# the rootfs of rootfs.sh; all state lives in DIR, which `start` wipes.
+# the rootfs of rootfs.sh (RSM_CEPH=reef, the default, or tentacle); all
+# state lives in DIR, which `start` wipes.
 #
 #   e2e/cluster.sh start|stop|kill|status DIR
 #
 # start   wipes DIR, starts the cluster (~4 s) and writes
 #         DIR/env              shell-sourceable CEPH_MON_HOST, CEPH_MON_V1,
 #                              CEPH_USER, CEPH_KEY, CEPH_CSI_USER, CEPH_CSI_KEY,
-#                              CEPH_CONF, RSM_CLUSTER_DIR
+#                              CEPH_CONF, RSM_CLUSTER_DIR, RSM_CLUSTER_CEPH
+#                              (reef or tentacle), RSM_CLUSTER_CEPH_VERSION
 #         DIR/csi-config.json  Ceph-CSI cluster config (clusterIDs rsm-e2e and
 #                              rsm-e2e-ns1, the latter with radosNamespace ns1)
 #         A failed start leaves no daemon behind.
 # stop    SIGTERM the OSD, then the mon (SIGKILL after 10 s); kill: SIGKILL both.
 #         Only the PIDs in DIR/run/*.pid are signalled.
 # status  the daemons, their RSS and `ceph health`; exit 1 unless all is up.
+#
+# Keys: RSM_CEPH_KEY_TYPE=aes gives client.admin and client.csi keys of the
+# old type on tentacle, whose tools make aes256k keys that reef's librados
+# cannot read (with-cluster.sh sets it for a reef client on tentacle).
 #
 # Ports: RSM_CEPH_PORT_BASE=N uses N (mon v2), N+1 (mon v1) and N+10..N+99
 # (OSD); start refuses if N or N+1 is taken. Unset, the first free block among
@@ -222,6 +228,9 @@ mon_data_avail_warn = 2
 mon_data_avail_crit = 1
 # pool create plus rbd pool init: ~4 s at the default 1 s
 paxos_propose_interval = 0.1
+$([ "${RSM_CEPH_KEY_TYPE:-}" != aes ] || echo "# tentacle's mon allows only aes256k (CVE-2025-30156); the mon map's
+# auth_allowed_ciphers can be changed only once authenticated
+mon_auth_emergency_allowed_ciphers = aes, aes256k")
 
 [client]
 keyring = $C/keyring
@@ -266,11 +275,15 @@ EOF
 
   # Every key in the mon's mkfs keyring is imported: client.admin and the
   # Ceph-CSI style client.csi.
-  ceph-authtool --create-keyring "$C/keyring" --gen-key -n client.admin \
+  # tentacle's tools make aes256k keys, which reef's librados cannot use;
+  # RSM_CEPH_KEY_TYPE=aes makes the two clients' keys as reef does.
+  local keytype=()
+  [ -z "${RSM_CEPH_KEY_TYPE:-}" ] || keytype=("--key-type=$RSM_CEPH_KEY_TYPE")
+  ceph-authtool --create-keyring "$C/keyring" --gen-key "${keytype[@]}" -n client.admin \
     --cap mon 'allow *' --cap osd 'allow *' --cap mgr 'allow *' --cap mds 'allow *'
   ceph-authtool --create-keyring "$C/mon.keyring" --gen-key -n mon. --cap mon 'allow *'
   ceph-authtool "$C/mon.keyring" --import-keyring "$C/keyring"
-  ceph-authtool "$C/mon.keyring" --gen-key -n client.csi \
+  ceph-authtool "$C/mon.keyring" --gen-key "${keytype[@]}" -n client.csi \
     --cap mon 'profile rbd' --cap osd 'profile rbd' --cap mgr 'profile rbd'
   monmaptool --create --addv a "$mon_addr" --fsid "$fsid" "$C/monmap"
   ceph-mon "${conf[@]}" --mkfs -i a --monmap "$C/monmap" --keyring "$C/mon.keyring"
@@ -304,6 +317,8 @@ CEPH_CSI_USER=csi
 CEPH_CSI_KEY=$(ceph-authtool -p -n client.csi "$C/mon.keyring")
 CEPH_CONF=$C/ceph.conf
 RSM_CLUSTER_DIR=$C
+RSM_CLUSTER_CEPH=${RSM_CEPH:-reef}
+RSM_CLUSTER_CEPH_VERSION=$(ceph-mon --version | awk '{ print $3 }')
 EOF
   cat >"$C/csi-config.json" <<EOF
 [{"clusterID":"rsm-e2e","monitors":["$host:$v1"]},{"clusterID":"rsm-e2e-ns1","monitors":["$host:$v1"],"rbd":{"radosNamespace":"ns1"}}]

@@ -1,7 +1,10 @@
 #!/bin/bash
 # `go test -exec` / `go run -exec` wrapper: runs a binary built on the host
 # (against Debian 12's pacific headers, with -tags pacific) inside the reef
-# rootfs, where go-ceph finds reef's rbd_diff_iterate3 with dlsym.
+# rootfs, where go-ceph finds reef's rbd_diff_iterate3 with dlsym; with
+# RSM_CLIENT_CEPH=tentacle (default RSM_CEPH, else reef) inside the tentacle
+# rootfs, so that it runs with that release's librbd whatever release the
+# cluster's daemons run (with-cluster.sh sets both).
 #
 #   go test -tags pacific,e2e -exec "$PWD/e2e/exec.sh" ./e2e/
 #
@@ -25,4 +28,10 @@ add "$(dirname "$bin")"
 add "$PWD"
 for d in ${RSM_BIND:-}; do add "$d"; done
 [ -z "${GOCOVERDIR:-}" ] || add "$GOCOVERDIR"   # go test -cover writes there
+if [ -n "${RSM_CLIENT_CEPH:-}" ] && [ "$RSM_CLIENT_CEPH" != "${RSM_CEPH:-reef}" ]; then
+  # Cross-version: the client's release picks the rootfs; RSM_CEPH stays the
+  # cluster's (tests read it).
+  RSM_ROOTFS=$(. "$HERE/ceph-release.sh"; rootfs_for "$RSM_CLIENT_CEPH")
+  export RSM_ROOTFS
+fi
 exec "$HERE/in-rootfs.sh" "${binds[@]}" -w "$PWD" "$bin" "$@"

@@ -1,6 +1,6 @@
 #!/bin/bash
-# Run a command chrooted in the Debian trixie / Ceph reef root filesystem
-# built by rootfs.sh.
+# Run a command chrooted in the Debian root filesystem built by rootfs.sh:
+# trixie with Ceph reef, or with RSM_CEPH=tentacle forky with Ceph tentacle.
 #
 #   e2e/in-rootfs.sh [-b HOSTDIR[:DIR]]... [-w WORKDIR] [--] CMD [ARG...]
 #
@@ -18,12 +18,14 @@
 # caller's CEPH_*, RSM_*, CI, GOFLAGS, GOPROXY, GOSUMDB, GOPRIVATE, GONO*,
 # GOEXPERIMENT, GODEBUG, GOTRACEBACK, GOMAXPROCS, CGO_*, *_proxy.
 #
-# Environment: RSM_ROOTFS (default /var/cache/rbd-snapshot-metadata/rootfs),
+# Environment: RSM_ROOTFS (default: RSM_CEPH's, see ceph-release.sh),
 # RSM_GOROOT / RSM_GOMODCACHE (host folders to bind; "none" to skip).
 # Needs root.
 set -euo pipefail
 
-ROOTFS=$(readlink -f "${RSM_ROOTFS:-/var/cache/rbd-snapshot-metadata/rootfs}")
+# shellcheck source=ceph-release.sh
+. "$(dirname "$0")/ceph-release.sh"
+ROOTFS=$(readlink -f "${RSM_ROOTFS:-$ROOTFS_DEFAULT}")
 
 if [ "${1:-}" != --in-namespace ]; then
   [ "$(id -u)" = 0 ] || { echo "in-rootfs: must run as root" >&2; exit 2; }

@@ -1,28 +1,40 @@
 #!/bin/bash
-# Build, or restore from a cache tarball, the Debian trixie root filesystem with
-# Ceph reef (>= 18.2.7) that the e2e tests and the test cluster run in. Debian
-# 12 ships Ceph pacific, whose librbd lacks rbd_diff_iterate3 (diff by snapshot
-# ID); trixie's reef has it.
+# Build, or restore from a cache tarball, a Debian root filesystem with the
+# Ceph release that the e2e tests and the test cluster run in. Debian 12 ships
+# Ceph pacific, whose librbd lacks rbd_diff_iterate3 (diff by snapshot ID);
+# both releases here have it:
 #
+#   RSM_CEPH=reef      (default) Debian 13 trixie, Ceph reef 18.2.x (>= 18.2.7)
+#   RSM_CEPH=tentacle  Debian forky (testing), Ceph tentacle 20.2.x; should
+#                      forky lose Ceph, RSM_CEPH_SUITE=sid builds from sid.
+#                      Debian 12's debootstrap has no forky script: sid's is
+#                      used. The testing/unstable Release file may be past
+#                      its Valid-Until on a mirror snapshot, so apt inside
+#                      that rootfs does not check it.
+#
+# Each release has its own rootfs and tarball (e2e/ceph-release.sh names them).
 # Idempotent and safe to run concurrently (flock): a ready rootfs returns at
 # once; a missing one is restored from the tarball, else built with
-# debootstrap (minbase) plus apt-get install in a chroot (~1 min), after which
-# the tarball is written.
+# debootstrap (minbase) plus apt-get install in a chroot (~1 min on an idle
+# machine, ~10 min on a busy one), after which the tarball is written.
 #
 # Environment:
-#   RSM_ROOTFS        target folder (default /var/cache/rbd-snapshot-metadata/rootfs)
-#   RSM_ROOTFS_CACHE  tarball (default /var/cache/rbd-snapshot-metadata/rootfs.tar.zst;
-#                     "none" = no cache)
+#   RSM_CEPH          reef or tentacle (see above); RSM_CEPH_SUITE the Debian suite
+#   RSM_ROOTFS        target folder (default /var/cache/rbd-snapshot-metadata/rootfs,
+#                     or rootfs-tentacle)
+#   RSM_ROOTFS_CACHE  tarball (default the folder's name plus .tar.zst; "none" = no cache)
 #   RSM_MIRROR        Debian mirror (default: the host's apt sources)
 # Needs root; installs debootstrap and zstd on the host when missing.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-ROOTFS=${RSM_ROOTFS:-/var/cache/rbd-snapshot-metadata/rootfs}
-CACHE=${RSM_ROOTFS_CACHE:-/var/cache/rbd-snapshot-metadata/rootfs.tar.zst}
-SUITE=trixie
-MIN_CEPH=18.2.7
+# shellcheck source=ceph-release.sh
+. "$HERE/ceph-release.sh"   # RSM_CEPH -> CEPH_RELEASE, SUITE(S), MIN_CEPH, MAX_CEPH, ROOTFS_DEFAULT
+ROOTFS=${RSM_ROOTFS:-$ROOTFS_DEFAULT}
+CACHE=${RSM_ROOTFS_CACHE:-$ROOTFS.tar.zst}
 PKGS="ceph-mon ceph-osd ceph-common librbd-dev librados-dev libradospp-dev gcc g++ libc6-dev ca-certificates python3 cryptsetup-bin"
+# reef's stamp is unchanged, so that existing reef rootfs and tarballs stay valid.
 STAMP="rsm-rootfs v1 suite=$SUITE packages=$(tr ' ' '\n' <<<"$PKGS" | sort | tr '\n' ' ')"
+[ "$CEPH_RELEASE" = reef ] || STAMP="rsm-rootfs v1 ceph=$CEPH_RELEASE suites=$SUITES packages=$(tr ' ' '\n' <<<"$PKGS" | sort | tr '\n' ' ')"
 STAMP_FILE=.rsm-rootfs-stamp
 
 now() { date +%s.%N; }
@@ -79,8 +91,9 @@ fi
 [ -n "$MIRROR" ] || { log "no Debian mirror in the host's apt sources; set RSM_MIRROR"; exit 2; }
 
 t=$(now)
-log "debootstrap $SUITE from $MIRROR"
-debootstrap --variant=minbase "$SUITE" "$TMP" "$MIRROR" >"$LOG" 2>&1 || { tail -n 20 "$LOG" >&2; exit 1; }
+log "debootstrap $SUITE (Ceph $CEPH_RELEASE) from $MIRROR"
+debootstrap --variant=minbase "$SUITE" "$TMP" "$MIRROR" ${DEBOOTSTRAP_SCRIPT:+"$DEBOOTSTRAP_SCRIPT"} >"$LOG" 2>&1 ||
+  { tail -n 20 "$LOG" >&2; exit 1; }
 log "debootstrap done in $(since "$t")"
 
 printf '#!/bin/sh\nexit 101\n' >"$TMP/usr/sbin/policy-rc.d"
@@ -90,6 +103,9 @@ APT::Install-Recommends "false";
 APT::Install-Suggests "false";
 Acquire::Languages "none";
 EOF
+# testing and unstable Release files expire within a week; a mirror snapshot
+# serves them past their Valid-Until (signatures are still checked).
+[ "$CEPH_RELEASE" = reef ] || echo 'Acquire::Check-Valid-Until "false";' >>"$TMP/etc/apt/apt.conf.d/90rsm"
 cat >"$TMP/etc/dpkg/dpkg.cfg.d/90rsm-nodoc" <<'EOF'
 path-exclude /usr/share/doc/*
 path-exclude /usr/share/man/*
@@ -106,11 +122,14 @@ in_tmp sh -c "apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get instal
   >"$LOG" 2>&1 || { tail -n 30 "$LOG" >&2; exit 1; }
 log "apt-get install done in $(since "$t")"
 
-# Check what the tests rely on: reef >= 18.2.7 and rbd_diff_iterate3.
+# Check what the tests rely on: the release asked for (reef >= 18.2.7,
+# tentacle 20.2.x) and rbd_diff_iterate3.
 versions=$(in_tmp dpkg-query -W -f '${Package}=${Version}\n' librbd1 ceph-mon ceph-osd)
 librbd_version=$(sed -n 's/^librbd1=//p' <<<"$versions")
 in_tmp dpkg --compare-versions "$librbd_version" ge "$MIN_CEPH" ||
-  { log "librbd1 $librbd_version is older than $MIN_CEPH"; exit 1; }
+  { log "librbd1 $librbd_version is older than $MIN_CEPH ($CEPH_RELEASE); try another RSM_CEPH_SUITE"; exit 1; }
+in_tmp dpkg --compare-versions "$librbd_version" lt "$MAX_CEPH" ||
+  { log "librbd1 $librbd_version is not $CEPH_RELEASE (< $MAX_CEPH)"; exit 1; }
 libs=("$TMP"/usr/lib/*-linux-gnu/librbd.so.1)
 librbd=${libs[0]}
 in_tmp python3 -c 'import ctypes, sys; ctypes.CDLL(sys.argv[1]).rbd_diff_iterate3' "${librbd#"$TMP"}" ||
