@@ -314,7 +314,7 @@ func TestK8sDeploy(t *testing.T) {
 		}
 
 		// Our steps a second time: accepted, nothing changes.
-		objs := []string{"-n", ns, "deployment/csi-rbdplugin-provisioner", "service", "secret", "snapshotmetadataservice", "clusterrole", "clusterrolebinding"}
+		objs := []string{"-n", ns, "deployment,service,secret,configmap,snapshotmetadataservice,clusterrole,clusterrolebinding"}
 		before := k.resourceVersions(t, objs...)
 		k.kubectl(t, append(ssa, "-k", example)...)
 		patchCmd(ns)
@@ -430,7 +430,7 @@ func TestK8sDeploy(t *testing.T) {
 					t.Errorf("the server would read ConfigMap %s key %s: %q, no cluster", v.ConfigMap.Name, key, d)
 				}
 			}
-			objs := []string{"-n", c.ns, "deployment", "service", "secret", "serviceaccount", "snapshotmetadataservice", "clusterrole", "clusterrolebinding"}
+			objs := []string{"-n", c.ns, "deployment,service,secret,configmap,serviceaccount,snapshotmetadataservice,clusterrole,clusterrolebinding"}
 			before := k.resourceVersions(t, objs...)
 			k.kubectl(t, append(ssa, "-k", example)...)
 			if after := k.resourceVersions(t, objs...); !mapsEqual(before, after) {
