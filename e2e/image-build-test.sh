@@ -88,7 +88,7 @@ for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.1; done
 got=$(image -u 65533:65532 -b "$OUT" /usr/bin/env SNAPMETA_USER="$CEPH_CSI_USER" SNAPMETA_KEY="$CEPH_CSI_KEY" \
 	snapmeta --endpoint "unix://$SOCK" --format json allocated rsm-e2e/rbd/image-build-test@s1 2>"$OUT/snapmeta.log") ||
 	{ cat "$OUT/server.log" "$OUT/snapmeta.log" >&2; die "snapmeta (uid 65533, gid 65532) failed"; }
-want=$("$HERE/in-rootfs.sh" rbd diff --format json rbd/image-build-test@s1)
+want=$("$HERE/in-rootfs.sh" -b "$OUT" rbd diff --format json rbd/image-build-test@s1)
 # Both are JSON arrays of {offset, length, ...}: compare the (offset, length) pairs.
 pairs() { tr -d ' \n' | grep -o '"offset":[0-9]*,"length":[0-9]*' | sort; }
 [ -n "$(pairs <<<"$got")" ] && [ "$(pairs <<<"$got")" = "$(pairs <<<"$want")" ] ||
