@@ -57,8 +57,8 @@ CTR=$(buildah from --pull=never "$TAG")
 IMG=$(buildah mount "$CTR")
 
 # 1. The image's config and version stamp.
-cfg=$(buildah inspect --type image --format '{{json .OCIv1.Config.Entrypoint}} {{.OCIv1.Config.User}}' "$TAG")
-[ "$cfg" = '["/usr/local/bin/rbd-snapshot-metadata"] 65532:65532' ] || die "image config: $cfg"
+cfg=$(buildah inspect --type image --format '{{.OCIv1.Config.Entrypoint}} {{.OCIv1.Config.User}}' "$TAG")
+[ "$cfg" = '[/usr/local/bin/rbd-snapshot-metadata] 65532:65532' ] || die "image config: $cfg"
 ENTRYPOINT=/usr/local/bin/rbd-snapshot-metadata
 image() { "$HERE/in-image.sh" "$IMG" "$@"; }
 v=$(image -u 65532:65532 "$ENTRYPOINT" --version)
