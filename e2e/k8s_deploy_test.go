@@ -19,6 +19,7 @@ package e2e
 import (
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -225,11 +226,13 @@ func (k *k8sEnv) parsePod(t *testing.T, path string) *kpod {
 	if err != nil {
 		t.Fatalf("%s: %v", path, err)
 	}
-	var raw struct{ Items []json.RawMessage }
-	if err := json.Unmarshal([]byte(out), &raw); err != nil {
-		t.Fatal(err)
-	}
-	for _, it := range raw.Items {
+	// One JSON object per document, one after the other.
+	dec := json.NewDecoder(strings.NewReader(out))
+	for dec.More() {
+		var it json.RawMessage
+		if err := dec.Decode(&it); err != nil {
+			t.Fatal(err)
+		}
 		var tm struct{ Kind string }
 		_ = json.Unmarshal(it, &tm)
 		if tm.Kind != "Deployment" {
@@ -266,11 +269,19 @@ func (k *k8sEnv) resourceVersions(t *testing.T, args ...string) map[string]strin
 }
 
 // allowed asks the API server whether the service account may do verb on
-// resource (a SubjectAccessReview, as kubectl auth can-i).
-func (k *k8sEnv) allowed(t *testing.T, ns, sa, verb, resource string) bool {
+// resource (group/resource, group "" for the core API), as the RBAC
+// authorizer answers a SubjectAccessReview for that account.
+func (k *k8sEnv) allowed(t *testing.T, ns, sa, verb, group, resource string) bool {
 	t.Helper()
-	out, _ := k.kubectlErr(t, "auth", "can-i", verb, resource, "--as=system:serviceaccount:"+ns+":"+sa)
-	return strings.TrimSpace(out) == "yes"
+	p := filepath.Join(k.dir, "sar.yaml")
+	writeFile(t, p, fmt.Sprintf(`apiVersion: authorization.k8s.io/v1
+kind: SubjectAccessReview
+spec:
+  user: system:serviceaccount:%s:%s
+  groups: [system:serviceaccounts, "system:serviceaccounts:%s", system:authenticated]
+  resourceAttributes: {verb: %s, group: %q, resource: %s, namespace: %s}
+`, ns, sa, ns, verb, group, resource, ns))
+	return strings.TrimSpace(k.kubectl(t, "create", "-f", p, "-o", "jsonpath={.status.allowed}")) == "true"
 }
 
 func TestK8sDeploy(t *testing.T) {
@@ -443,13 +454,19 @@ func TestK8sDeploy(t *testing.T) {
 	// sidecar's TokenReviews and SubjectAccessReviews).
 	t.Run("rbac", func(t *testing.T) {
 		for _, sa := range [][2]string{{ns, "rbd-csi-provisioner"}, {"rook-ceph", "rbd-snapshot-metadata"}, {"ceph-csi-operator-system", "rbd-snapshot-metadata"}} {
-			for _, r := range []string{"tokenreviews.authentication.k8s.io", "subjectaccessreviews.authorization.k8s.io"} {
-				if !k.allowed(t, sa[0], sa[1], "create", r) {
-					t.Errorf("%s/%s may not create %s", sa[0], sa[1], r)
+			for _, r := range [][3]string{
+				{"create", "authentication.k8s.io", "tokenreviews"},
+				{"create", "authorization.k8s.io", "subjectaccessreviews"},
+				{"get", "", "secrets"},
+				{"list", "cbt.storage.k8s.io", "snapshotmetadataservices"},
+			} {
+				if !k.allowed(t, sa[0], sa[1], r[0], r[1], r[2]) {
+					t.Errorf("%s/%s may not %s %s.%s", sa[0], sa[1], r[0], r[2], r[1])
 				}
 			}
-			if !k.allowed(t, sa[0], sa[1], "get", "secrets") {
-				t.Errorf("%s/%s may not get secrets", sa[0], sa[1])
+			// and nothing more than it needs.
+			if k.allowed(t, sa[0], sa[1], "delete", "", "secrets") {
+				t.Errorf("%s/%s may delete secrets", sa[0], sa[1])
 			}
 		}
 	})
