@@ -16,7 +16,9 @@
 set -euo pipefail
 if [ "${1:-}" != --in-namespace ]; then
 	[ "$(id -u)" = 0 ] || { echo "in-image: must run as root" >&2; exit 2; }
-	exec unshare --mount --propagation private -- "$0" --in-namespace "$@"
+	# "unchanged": inside the e2e rootfs (a chroot) / is no mount point and
+	# its propagation cannot be set; the image root is made private below.
+	exec unshare --mount --propagation unchanged -- "$0" --in-namespace "$@"
 fi
 shift
 ROOT=$(readlink -f "${1:?usage: in-image.sh IMAGE_ROOT [-u UID:GID] [-b DIR]... [--] CMD [ARG...]}")
@@ -33,6 +35,9 @@ done
 [ $# -gt 0 ] || { echo "in-image: no command" >&2; exit 2; }
 case "$1" in /*) [ -x "$ROOT$1" ] || { echo "in-image: $1 is not in the image ($ROOT)" >&2; exit 2; } ;; esac
 
+# The image root is a mount point (buildah's overlay, or a bind of it): make
+# it and all below private, so that nothing mounted here reaches the caller.
+mount --make-rprivate "$ROOT"
 mount -t proc proc "$ROOT/proc"
 mount --rbind /dev "$ROOT/dev"
 # The image's /tmp is a folder of the image; a fresh one per run.
