@@ -2,14 +2,21 @@
 // README tells users to (gen-certs.sh, then kustomize), decodes every object
 // strictly into the Kubernetes API types, and checks that the pieces refer to
 // each other correctly: socket, volumes, ports, service account, TLS and the
-// SnapshotMetadataService CR.
+// SnapshotMetadataService CR. For the in-pod examples it applies the
+// provisioner patch to Ceph-CSI's real provisioner Deployment (read from
+// ../../shared/reference/upstream when it is there) with the strategic merge
+// that `kubectl patch` uses, and checks that all of Ceph-CSI's pod is kept.
+// e2e/k8s_deploy_test.go applies the same to a real API server with kubectl.
 package deploy_test
 
 import (
 	"bytes"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/base64"
+	"encoding/json"
 	"encoding/pem"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
@@ -25,7 +32,9 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/strategicpatch"
 	"sigs.k8s.io/kustomize/api/krusty"
+	"sigs.k8s.io/kustomize/api/resource"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
 )
@@ -35,10 +44,17 @@ const (
 	sidecarContainer = "csi-snapshot-metadata"
 	sidecarImage     = "registry.k8s.io/sig-storage/csi-snapshot-metadata:v1.0.0"
 	serviceName      = "csi-rbdplugin-snapshot-metadata"
-	sidecarRole      = "rbd-csi-snapshot-metadata-runner"
-	clientRole       = "external-snapshot-metadata-client-runner"
+	metricsService   = "rbd-snapshot-metadata-metrics"
 	metricsPort      = 9191
+	defaultContainer = "kubectl.kubernetes.io/default-container"
+	// Ceph-CSI v3.13.1's deploy/rbd/kubernetes/csi-rbdplugin-provisioner.yaml,
+	// reference data next to the repository (never copied into it).
+	upstreamProvisioner = "../../shared/reference/upstream/ceph-csi-v3.13.1/csi-rbdplugin-provisioner.yaml"
 )
+
+// The cluster-scoped RBAC names of an install in namespace ns.
+func sidecarRole(ns string) string { return "rbd-snapshot-metadata:" + ns + ":sidecar" }
+func clientRole(ns string) string  { return "rbd-snapshot-metadata:" + ns + ":client" }
 
 // SnapshotMetadataService mirrors the CRD cbt.storage.k8s.io/v1beta1 of
 // external-snapshot-metadata v1.0.0: unknown fields fail the strict decode.
@@ -46,8 +62,10 @@ type SnapshotMetadataService struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata"`
 	Spec              struct {
-		Address  string `json:"address"`
-		CACert   []byte `json:"caCert"` // format: byte (base64)
+		Address string `json:"address"`
+		// format: byte: strict base64, which the API server checks and Go's
+		// decoders do not (they skip line breaks): kept as the string.
+		CACert   string `json:"caCert"`
 		Audience string `json:"audience"`
 	} `json:"spec"`
 }
@@ -95,14 +113,62 @@ type objects struct {
 	sms          []SnapshotMetadataService
 	issuers      []Issuer
 	certificates []Certificate
+	namespace    string
+	// inPod: the example patches Ceph-CSI's provisioner, whose Deployment
+	// (before the patch) is base.
+	inPod bool
+	base  *appsv1.Deployment
 }
 
+// The examples, and whether they go into Ceph-CSI's provisioner pod (by the
+// patch that ceph-csi/provisioner builds) or run standalone.
+var examples = map[string]bool{"ceph-csi": true, "cert-manager": true, "rook": false, "ceph-csi-operator": false}
+
 func TestExamples(t *testing.T) {
-	for _, example := range []string{"ceph-csi", "rook", "cert-manager"} {
+	owner := map[string]string{} // cluster-scoped object -> namespace of the example that has it
+	for _, example := range slices.Sorted(maps.Keys(examples)) {
 		t.Run(example, func(t *testing.T) {
 			objs := build(t, example)
 			check(t, objs)
+			if objs.inPod {
+				checkKept(t, objs.base, objs.deployments[0])
+			}
+			// Two installs in different namespaces share no cluster-scoped
+			// object: applying one must not take anything from the other.
+			// (The CR is one per driver on purpose: see the README.)
+			for _, name := range clusterScoped(objs) {
+				if ns, ok := owner[name]; ok && ns != objs.namespace {
+					t.Errorf("%s is also the install's in namespace %s", name, ns)
+				}
+				owner[name] = objs.namespace
+			}
 		})
+	}
+}
+
+func clusterScoped(objs *objects) []string {
+	var names []string
+	for _, r := range objs.roles {
+		names = append(names, "ClusterRole "+r.Name)
+	}
+	for _, b := range objs.bindings {
+		names = append(names, "ClusterRoleBinding "+b.Name)
+	}
+	return names
+}
+
+// TestCACertIsOneLine: the CRD's `format: byte` takes strict base64 only.
+// kustomize wraps a Secret's data at 70 columns, which the API server refuses
+// in caCert ("spec.caCert in body must be of type byte").
+func TestCACertIsOneLine(t *testing.T) {
+	for example := range examples {
+		objs := build(t, example)
+		if len(objs.sms) != 1 {
+			t.Fatalf("%s: %d SnapshotMetadataServices", example, len(objs.sms))
+		}
+		if _, err := base64.StdEncoding.Strict().DecodeString(objs.sms[0].Spec.CACert); err != nil || strings.ContainsAny(objs.sms[0].Spec.CACert, "\r\n ") {
+			t.Errorf("%s: caCert is not one line of base64 (%v): %q", example, err, objs.sms[0].Spec.CACert)
+		}
 	}
 }
 
@@ -112,7 +178,7 @@ func TestExamples(t *testing.T) {
 func build(t *testing.T, example string) *objects {
 	t.Helper()
 	root := t.TempDir()
-	for _, d := range []string{"components", "examples", "standalone", "testdata"} {
+	for _, d := range []string{"components", "examples", "standalone"} {
 		if err := os.CopyFS(filepath.Join(root, d), os.DirFS(d)); err != nil {
 			t.Fatal(err)
 		}
@@ -136,12 +202,8 @@ func build(t *testing.T, example string) *objects {
 	if err != nil {
 		t.Fatalf("gen-certs.sh: %v\n%s", err, out)
 	}
-	m, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), dir)
-	if err != nil {
-		t.Fatalf("kustomize build %s: %v", example, err)
-	}
-	objs := &objects{}
-	for _, r := range m.Resources() {
+	objs := &objects{namespace: kust.Namespace, inPod: examples[example]}
+	for _, r := range kustomize(t, dir) {
 		b, err := r.AsYAML()
 		if err != nil {
 			t.Fatal(err)
@@ -151,7 +213,129 @@ func build(t *testing.T, example string) *objects {
 			t.Errorf("%s %s in namespace %q, want %q", r.GetKind(), r.GetName(), ns, kust.Namespace)
 		}
 	}
+	if !objs.inPod {
+		return objs
+	}
+	// In the pod: the objects hold no Deployment; the provisioner patch goes
+	// onto Ceph-CSI's, as `kubectl patch` (a strategic merge) does.
+	if len(objs.deployments) != 0 {
+		t.Fatalf("%s: the in-pod example builds a Deployment, which would replace Ceph-CSI's", example)
+	}
+	res := kustomize(t, filepath.Join(root, "examples", "ceph-csi", "provisioner"))
+	if len(res) != 1 || res[0].GetKind() != "Deployment" || res[0].GetName() != "csi-rbdplugin-provisioner" {
+		t.Fatalf("ceph-csi/provisioner: want one Deployment csi-rbdplugin-provisioner, got %d objects", len(res))
+	}
+	patch, err := res[0].MarshalJSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs.base = upstreamDeployment(t)
+	orig, err := json.Marshal(objs.base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	merged, err := strategicpatch.StrategicMergePatch(orig, patch, appsv1.Deployment{})
+	if err != nil {
+		t.Fatalf("strategic merge of the provisioner patch: %v", err)
+	}
+	var dep appsv1.Deployment
+	if err := json.Unmarshal(merged, &dep); err != nil {
+		t.Fatal(err)
+	}
+	dep.Namespace = kust.Namespace
+	objs.deployments = append(objs.deployments, dep)
 	return objs
+}
+
+func kustomize(t *testing.T, dir string) []*resource.Resource {
+	t.Helper()
+	m, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), dir)
+	if err != nil {
+		t.Fatalf("kustomize build %s: %v", dir, err)
+	}
+	return m.Resources()
+}
+
+// upstreamDeployment is Ceph-CSI's real csi-rbdplugin-provisioner Deployment,
+// or, when the reference data is not there, a minimal one with what the
+// patch relies on (its name, labels, service account and ceph-csi-config).
+func upstreamDeployment(t *testing.T) *appsv1.Deployment {
+	t.Helper()
+	b, err := os.ReadFile(upstreamProvisioner)
+	if err != nil {
+		t.Logf("no Ceph-CSI reference manifest (%v): patching a minimal stand-in instead", err)
+		var dep appsv1.Deployment
+		if err := yaml.UnmarshalStrict([]byte(minimalProvisioner), &dep); err != nil {
+			t.Fatal(err)
+		}
+		return &dep
+	}
+	for _, doc := range strings.Split(string(b), "\n---") {
+		var tm metav1.TypeMeta
+		if yaml.Unmarshal([]byte(doc), &tm) != nil || tm.Kind != "Deployment" {
+			continue
+		}
+		var dep appsv1.Deployment
+		if err := yaml.UnmarshalStrict([]byte(doc), &dep); err != nil {
+			t.Fatalf("%s: %v", upstreamProvisioner, err)
+		}
+		return &dep
+	}
+	t.Fatalf("%s: no Deployment", upstreamProvisioner)
+	return nil
+}
+
+const minimalProvisioner = `apiVersion: apps/v1
+kind: Deployment
+metadata: {name: csi-rbdplugin-provisioner}
+spec:
+  selector: {matchLabels: {app: csi-rbdplugin-provisioner}}
+  template:
+    metadata: {labels: {app: csi-rbdplugin-provisioner}}
+    spec:
+      serviceAccountName: rbd-csi-provisioner
+      containers:
+        - name: csi-rbdplugin
+          image: quay.io/cephcsi/cephcsi
+          args: ["--type=rbd", "--controllerserver=true", "--drivername=rbd.csi.ceph.com"]
+          volumeMounts: [{name: ceph-csi-config, mountPath: /etc/ceph-csi-config/}]
+      volumes:
+        - {name: ceph-csi-config, configMap: {name: ceph-csi-config}}
+`
+
+// checkKept: the patched pod has every container of Ceph-CSI's with the
+// same image, arguments, environment and mounts, and every volume.
+func checkKept(t *testing.T, base *appsv1.Deployment, got appsv1.Deployment) {
+	t.Helper()
+	bp, gp := &base.Spec.Template.Spec, &got.Spec.Template.Spec
+	for _, c := range bp.Containers {
+		g := container(gp, c.Name)
+		if g == nil {
+			t.Errorf("Ceph-CSI's container %s is gone", c.Name)
+			continue
+		}
+		if g.Image != c.Image || !slices.Equal(g.Args, c.Args) || len(g.Env) != len(c.Env) || len(g.VolumeMounts) != len(c.VolumeMounts) {
+			t.Errorf("Ceph-CSI's container %s changed", c.Name)
+		}
+	}
+	for _, v := range bp.Volumes {
+		if !slices.ContainsFunc(gp.Volumes, func(w corev1.Volume) bool { return w.Name == v.Name }) {
+			t.Errorf("Ceph-CSI's volume %s is gone", v.Name)
+		}
+	}
+	if want := len(bp.Containers) + 2; len(gp.Containers) != want {
+		t.Errorf("%d containers after the patch, want Ceph-CSI's %d and our 2", len(gp.Containers), len(bp.Containers))
+	}
+	if got.Spec.Template.Spec.ServiceAccountName != base.Spec.Template.Spec.ServiceAccountName || got.Spec.Replicas == nil != (base.Spec.Replicas == nil) {
+		t.Error("the patch changed the Deployment's service account or replicas")
+	}
+	// The CSI driver's name: ours is csi-rbdplugin's.
+	if rbd := container(gp, "csi-rbdplugin"); rbd != nil {
+		ours := container(gp, ourContainer)
+		if d := flags(t, rbd)["drivername"]; d != "" && expand(ours, flags(t, ours)["drivername"]) != d {
+			t.Errorf("our --drivername is not csi-rbdplugin's %s", d)
+		}
+	}
 }
 
 // decode decodes one object strictly (unknown or duplicate fields fail) into
@@ -362,6 +546,42 @@ func check(t *testing.T, objs *objects) {
 		}
 	}
 
+	// Liveness: our server's gRPC health, asked over the socket by the
+	// image's snapmeta.
+	if lp := ours.LivenessProbe; lp == nil || lp.Exec == nil || len(lp.Exec.Command) == 0 ||
+		!strings.HasSuffix(lp.Exec.Command[0], "/snapmeta") || lp.Exec.Command[len(lp.Exec.Command)-1] != "health" ||
+		!slices.Contains(lp.Exec.Command, "--endpoint="+oa["endpoint"]) {
+		t.Errorf("%s: want an exec liveness probe `snapmeta --endpoint=%s health`", ourContainer, oa["endpoint"])
+	}
+	// kubectl logs/exec without -c land in the pod's main container.
+	if dc := dep.Spec.Template.Annotations[defaultContainer]; container(pod, dc) == nil {
+		t.Errorf("pod annotation %s=%q names no container", defaultContainer, dc)
+	} else if objs.inPod && dc != "csi-rbdplugin" || !objs.inPod && dc != ourContainer {
+		t.Errorf("pod annotation %s=%q", defaultContainer, dc)
+	}
+	for _, c := range []*corev1.Container{ours, side} {
+		if c.Resources.Requests.Memory().IsZero() || c.Resources.Limits.Memory().IsZero() || !c.Resources.Limits.Cpu().IsZero() {
+			t.Errorf("container %s: want memory requests and limits, no CPU limit", c.Name)
+		}
+	}
+	// Metrics: a Service for our metrics port and the sidecar's.
+	if ms := find(objs.services, func(s corev1.Service) bool { return s.Name == metricsService }); ms == nil {
+		t.Errorf("no Service %s", metricsService)
+	} else {
+		for k, v := range ms.Spec.Selector {
+			if dep.Spec.Template.Labels[k] != v {
+				t.Errorf("Service %s selector %s=%s does not match the pod", ms.Name, k, v)
+			}
+		}
+		targets := map[int]bool{}
+		for _, p := range ms.Spec.Ports {
+			targets[resolve(ours, p.TargetPort)+resolve(side, p.TargetPort)] = true
+		}
+		if !targets[metricsPort] || !targets[portOf(t, sa["http-endpoint"])] {
+			t.Errorf("Service %s does not reach ports %d and %s", ms.Name, metricsPort, sa["http-endpoint"])
+		}
+	}
+
 	// The Service: selects this pod, forwards to the sidecar's gRPC port.
 	svc := find(objs.services, func(s corev1.Service) bool { return s.Name == serviceName })
 	if svc == nil {
@@ -404,8 +624,12 @@ func check(t *testing.T, objs *objects) {
 	if sms.Spec.Audience == "" {
 		t.Error("SnapshotMetadataService has no audience")
 	}
+	caPEM, err := base64.StdEncoding.Strict().DecodeString(sms.Spec.CACert)
+	if err != nil {
+		t.Errorf("SnapshotMetadataService caCert: %v", err)
+	}
 	ca := x509.NewCertPool()
-	if !ca.AppendCertsFromPEM(sms.Spec.CACert) {
+	if !ca.AppendCertsFromPEM(caPEM) {
 		t.Fatalf("SnapshotMetadataService caCert is no PEM certificate: %q", sms.Spec.CACert)
 	}
 
@@ -452,7 +676,7 @@ func check(t *testing.T, objs *objects) {
 		if _, err := tls.X509KeyPair(kp.Data[corev1.TLSCertKey], kp.Data[corev1.TLSPrivateKeyKey]); err != nil {
 			t.Errorf("Secret %s: %v", kp.Name, err)
 		}
-		if !bytes.Equal(kp.Data[corev1.TLSCertKey], sms.Spec.CACert) {
+		if !bytes.Equal(kp.Data[corev1.TLSCertKey], caPEM) {
 			t.Errorf("the Issuer's CA (Secret %s) is not the SnapshotMetadataService's caCert", kp.Name)
 		}
 	} else {
@@ -468,6 +692,7 @@ func check(t *testing.T, objs *objects) {
 	}
 
 	// RBAC: the sidecar's role, bound to the pod's service account.
+	sidecarRole, clientRole := sidecarRole(dep.Namespace), clientRole(dep.Namespace)
 	role := find(objs.roles, func(r rbacv1.ClusterRole) bool { return r.Name == sidecarRole })
 	if role == nil {
 		t.Fatalf("no ClusterRole %s", sidecarRole)

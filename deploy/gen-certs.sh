@@ -4,7 +4,10 @@
 #
 #   deploy/gen-certs.sh [-n NAMESPACE] [-s SERVICE] [-d DAYS] OUTDIR
 #
-# Writes OUTDIR/ca.crt, ca.key, tls.crt, tls.key (ECDSA P-256). The server
+# Writes OUTDIR/ca.crt, ca.key, tls.crt, tls.key (ECDSA P-256), and
+# ca.crt.b64: the CA's PEM in base64 on one line, as the SnapshotMetadataService
+# CR's caCert (`format: byte`) must be; a Secret's data, which kustomize wraps
+# at 70 columns, cannot be copied there. The server
 # certificate names SERVICE.NAMESPACE (the host in the SnapshotMetadataService
 # CR's spec.address), SERVICE.NAMESPACE.svc and SERVICE.NAMESPACE.svc.cluster.local.
 # An existing CA in OUTDIR is kept, so that renewing the server certificate
@@ -48,5 +51,6 @@ openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -sha256 \
 openssl x509 -req -in tls.csr -CA ca.crt -CAkey ca.key -CAcreateserial -sha256 \
 	-days "$DAYS" -extfile "$ext" -out tls.crt 2>/dev/null
 rm -f ca.srl
-chmod 644 ca.crt tls.crt
-echo "gen-certs: $PWD/{ca.crt,tls.crt,tls.key} for $SVC.$NS (server certificate valid $DAYS days)" >&2
+base64 -w0 ca.crt >ca.crt.b64
+chmod 644 ca.crt ca.crt.b64 tls.crt
+echo "gen-certs: $PWD/{ca.crt,ca.crt.b64,tls.crt,tls.key} for $SVC.$NS (server certificate valid $DAYS days)" >&2

@@ -23,6 +23,10 @@ else
   export RSM_K8S_BUILD_ERROR="e2e/k8s/k8s.sh build failed (exit $?; its output is above)"
   echo "run-e2e: $RSM_K8S_BUILD_ERROR" >&2
 fi
+# The deploy test (k8s_deploy_test.go) applies deploy/'s examples over
+# Ceph-CSI's real manifests, reference data in shared/ next to the checkout.
+export RSM_BIND="$PWD/deploy${RSM_BIND:+ $RSM_BIND}"
+[ ! -d "$PWD/../shared/reference/upstream" ] || export RSM_BIND="$(cd "$PWD/../shared/reference/upstream" && pwd) $RSM_BIND"
 # The suite, k8s and 2^20-extent tests included, outlasts go test's 10 min
 # default on a loaded 2-core machine; a hang still ends.
 exec "$HERE/with-cluster.sh" \

@@ -27,6 +27,9 @@ const usage = `usage:
   snapmeta [flags] check [BASE_SNAPSHOT_ID] SNAPSHOT_ID
       checks the server against the CSI spec's stream rules (any
       SnapshotMetadata server); --missing names a snapshot that does not exist
+  snapmeta [flags] health
+      exits 0 when the server's gRPC health service says SERVING (the
+      pod's liveness probe)
 
 flags:
 `
@@ -50,8 +53,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	req := client.Request{StartingOffset: *start, MaxResults: int32(*maxRes)}
-	check := false
+	check, probe := false, false
 	switch a := fs.Args(); {
+	case len(a) == 1 && a[0] == "health":
+		probe = true
 	case len(a) == 2 && a[0] == "allocated":
 		req.Target = a[1]
 	case len(a) == 3 && a[0] == "delta":
@@ -94,6 +99,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	defer conn.Close()
+	if probe {
+		return health(ctx, conn, stdout, stderr)
+	}
 	if check {
 		rep, err := conformance.Run(ctx, conn, conformance.Target{Base: req.Base, Snapshot: req.Target, Missing: *missing, Secrets: req.Secrets})
 		fmt.Fprint(stdout, rep)

@@ -73,3 +73,16 @@ func TestSnapmeta(t *testing.T) {
 		t.Errorf("bad usage: rc %d", rc)
 	}
 }
+
+func TestHealth(t *testing.T) {
+	sock := serve(t)
+	var out, errOut bytes.Buffer
+	if rc := run([]string{"--endpoint", sock, "--timeout", "5s", "health"}, &out, &errOut); rc != 0 || strings.TrimSpace(out.String()) != "SERVING" {
+		t.Errorf("health: rc %d, %q, %s", rc, out.String(), errOut.String())
+	}
+	errOut.Reset()
+	nobody := "unix://" + filepath.Join(t.TempDir(), "none.sock")
+	if rc := run([]string{"--endpoint", nobody, "--timeout", "2s", "health"}, &out, &errOut); rc != 1 {
+		t.Errorf("health without a server: rc %d, %s", rc, errOut.String())
+	}
+}

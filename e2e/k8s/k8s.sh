@@ -53,7 +53,7 @@ key() {
   {
     go env GOVERSION GOOS GOARCH
     echo "$BUILD_REV $ETCD $K8S $ESM $LISTER_FROM $LISTER_SHA256 $SNAP_CLIENT $ESM_CLIENT"
-    (cd "$HERE" && sha256sum etcd/* kube-apiserver/* sidecar/*)
+    (cd "$HERE" && sha256sum etcd/* kube-apiserver/* kubectl/* sidecar/*)
   } | sha256sum | cut -c1-16
 }
 
@@ -67,7 +67,7 @@ moddir() { # MODULE@VERSION (run in a module that requires it, or outside any)
 # src DIR: the three modules in DIR, with the lister's main.go in sidecar/lister.
 src() {
   local d=$1 f
-  cp -r "$HERE"/{etcd,kube-apiserver,sidecar} "$d"/
+  cp -r "$HERE"/{etcd,kube-apiserver,kubectl,sidecar} "$d"/
   f=$(cd / && moddir "$LISTER_FROM")/examples/snapshot-metadata-lister/main.go
   mkdir -p "$d/sidecar/lister"
   install -m 644 "$f" "$d/sidecar/lister/main.go"
@@ -94,9 +94,10 @@ build() {
       die "building $1 failed (needs the Go module proxy when the module cache is cold)"
     log "built $1 in $(since "$t")"
   }
-  log "building etcd $ETCD, kube-apiserver $K8S, csi-snapshot-metadata $ESM and its lister into $out (~5 min when Go's caches are cold)"
+  log "building etcd $ETCD, kube-apiserver and kubectl $K8S, csi-snapshot-metadata $ESM and its lister into $out (~5 min when Go's caches are cold)"
   b etcd etcd . ""
   b kube-apiserver kube-apiserver . "-X k8s.io/component-base/version.gitVersion=$K8S -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=34"
+  b kubectl kubectl . "-X k8s.io/client-go/pkg/version.gitVersion=$K8S -X k8s.io/component-base/version.gitVersion=$K8S"
   b csi-snapshot-metadata sidecar github.com/kubernetes-csi/external-snapshot-metadata/cmd/csi-snapshot-metadata "-X main.version=$ESM"
   b snapshot-metadata-lister sidecar ./lister ""
   mkdir "$tmp/bin/crds"
@@ -105,8 +106,8 @@ build() {
   ed=$(cd "$tmp/src/sidecar" && moddir "$ESM_CLIENT")/config/crd
   install -m 644 "$sd"/snapshot.storage.k8s.io_volumesnapshot{classes,contents,s}.yaml \
     "$ed"/cbt.storage.k8s.io_snapshotmetadataservices.yaml "$tmp/bin/crds/"
-  printf 'etcd %s\nkube-apiserver %s\ncsi-snapshot-metadata %s\nsnapshot-metadata-lister %s (%s)\ncrds %s %s\n%s\n' \
-    "$ETCD" "$K8S" "$ESM" "$ESM" "$LISTER_FROM" "$SNAP_CLIENT" "$ESM_CLIENT" "$(go env GOVERSION)" >"$tmp/bin/VERSIONS"
+  printf 'etcd %s\nkube-apiserver %s\nkubectl %s\ncsi-snapshot-metadata %s\nsnapshot-metadata-lister %s (%s)\ncrds %s %s\n%s\n' \
+    "$ETCD" "$K8S" "$K8S" "$ESM" "$ESM" "$LISTER_FROM" "$SNAP_CLIENT" "$ESM_CLIENT" "$(go env GOVERSION)" >"$tmp/bin/VERSIONS"
   touch "$tmp/bin/.complete"
   rm -rf "$out"
   mv "$tmp/bin" "$out"
@@ -118,7 +119,7 @@ tidy() {
   local d
   tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
   src "$tmp"
-  for d in etcd kube-apiserver sidecar; do
+  for d in etcd kube-apiserver kubectl sidecar; do
     (cd "$tmp/$d" && go mod tidy) || die "go mod tidy in $d failed"
     cp "$tmp/$d"/go.{mod,sum} "$HERE/$d/"
   done
