@@ -91,31 +91,12 @@ func pauseDaemon(t testing.TB, name string) (resume func()) {
 func killOSD(t testing.TB) (restart func()) {
 	t.Helper()
 	pid := daemonPID(t, "osd.0")
-	dir := clusterEnv(t, "RSM_CLUSTER_DIR")
 	var once sync.Once
 	restart = func() {
 		once.Do(func() {
-			out, err := os.OpenFile(filepath.Join(dir, "log", "osd.out"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
-			if err != nil {
-				t.Errorf("restart osd.0: %v", err)
-				return
+			if startOSD(t) {
+				waitClusterIO(t)
 			}
-			defer out.Close()
-			// ceph-osd daemonizes: the command returns once it forked.
-			cmd := exec.Command("ceph-osd", "--conf", clusterEnv(t, "CEPH_CONF"), "-i", "0")
-			cmd.Stdout, cmd.Stderr = out, out
-			// In /, as cluster.sh starts it: reef's packages set
-			// osd_class_dir to a relative path
-			// (lib/x86_64-linux-gnu/rados-classes), resolved when a
-			// class is first used. From the test's folder, every class
-			// method (rbd_open's first) failed with EOPNOTSUPP.
-			cmd.Dir = "/"
-			if err := cmd.Run(); err != nil {
-				t.Errorf("restart osd.0: %v", err)
-				return
-			}
-			t.Logf("restarted osd.0 (pid %d)", daemonPID(t, "osd.0"))
-			waitClusterIO(t)
 		})
 	}
 	t.Cleanup(restart)
@@ -133,9 +114,66 @@ func killOSD(t testing.TB) (restart func()) {
 	return restart
 }
 
-// waitClusterIO waits until the cluster serves a write and a read again,
-// for at most about two minutes.
+// startOSD starts osd.0 as cluster.sh does, and reports whether it started.
+func startOSD(t testing.TB) bool {
+	t.Helper()
+	dir := clusterEnv(t, "RSM_CLUSTER_DIR")
+	out, err := os.OpenFile(filepath.Join(dir, "log", "osd.out"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		t.Errorf("start osd.0: %v", err)
+		return false
+	}
+	defer out.Close()
+	// ceph-osd daemonizes: the command returns once it forked.
+	cmd := exec.Command("ceph-osd", "--conf", clusterEnv(t, "CEPH_CONF"), "-i", "0")
+	cmd.Stdout, cmd.Stderr = out, out
+	// In /, as cluster.sh starts it: reef's packages set osd_class_dir to
+	// a relative path (lib/x86_64-linux-gnu/rados-classes), resolved when
+	// a class is first used. From the test's folder, every class method
+	// (rbd_open's first) failed with EOPNOTSUPP.
+	cmd.Dir = "/"
+	if err := cmd.Run(); err != nil {
+		t.Errorf("start osd.0: %v", err)
+		return false
+	}
+	t.Logf("started osd.0 (pid %d)", daemonPID(t, "osd.0"))
+	return true
+}
+
+// waitClusterIO waits until the cluster serves I/O again. An OSD that does
+// not serve again by itself within about a minute (seen once in CI after a
+// SIGSTOP and SIGCONT of 10 s) is the cluster's failure, not the server's:
+// the test logs the cluster's state and the OSD's log, restarts the OSD,
+// and goes on, so that the server's recovery is still checked and the
+// tests after it get a working cluster.
 func waitClusterIO(t testing.TB) {
+	t.Helper()
+	if serveIO(t, 2) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	st, _ := exec.CommandContext(ctx, "ceph", "--connect-timeout", "10", "-s").CombinedOutput()
+	cancel()
+	osdLog, _ := os.ReadFile(filepath.Join(clusterEnv(t, "RSM_CLUSTER_DIR"), "log", "ceph-osd.0.log"))
+	t.Logf("the OSD serves no I/O a minute after the fault; restarting it. ceph -s:\n%s\nOSD log:\n%s",
+		st, tail(string(osdLog), 40))
+	if pid := daemonPID(t, "osd.0"); syscall.Kill(pid, syscall.SIGKILL) == nil {
+		for i := 0; i < 200; i++ {
+			if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err != nil || strings.Contains(string(b), ") Z ") {
+				break
+			}
+			time.Sleep(25 * time.Millisecond)
+		}
+	}
+	if !startOSD(t) || !serveIO(t, 3) {
+		t.Fatalf("the cluster does not serve I/O, even after restarting the OSD")
+	}
+}
+
+// serveIO waits until the cluster serves a read, for at most tries times
+// about 30 s, and reports whether it does.
+// for at most about two minutes.
+func serveIO(t testing.TB, tries int) bool {
 	t.Helper()
 	t0 := time.Now()
 	for attempt := 1; ; attempt++ {
@@ -147,10 +185,11 @@ func waitClusterIO(t testing.TB) {
 		// The probe object does not exist: ENOENT is an answer of the OSD.
 		if err == nil || strings.Contains(string(out), "No such file") {
 			t.Logf("the cluster serves I/O again after %v", time.Since(t0).Round(time.Millisecond))
-			return
+			return true
 		}
-		if attempt == 3 {
-			t.Fatalf("the cluster does not serve I/O %v after the fault: %v\n%s", time.Since(t0).Round(time.Second), err, out)
+		if attempt == tries {
+			t.Logf("the cluster serves no I/O %v after the fault: %v\n%s", time.Since(t0).Round(time.Second), err, out)
+			return false
 		}
 	}
 }
