@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io/fs"
-	"net"
 	"os"
 	"strconv"
 	"sync"
@@ -108,14 +107,7 @@ func reachable(addrs []string, timeout time.Duration) bool {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			var d net.Dialer
-			c, err := d.DialContext(ctx, "tcp", a)
-			if err != nil {
-				return
-			}
-			defer c.Close()
-			deadline, _ := ctx.Deadline()
-			if c.SetReadDeadline(deadline) != nil || bannerVersion(c) == msgrUnknown {
+			if probeMessenger(ctx, a, timeout) == msgrUnknown {
 				return
 			}
 			mu.Lock()

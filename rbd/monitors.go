@@ -162,15 +162,8 @@ func typeMonHost(ctx context.Context, monHost string, timeout time.Duration) str
 				out[i], alive[i] = typeMonitor(ctx, host, port, timeout)
 				return
 			}
-			dial, err := monitorDial(m)
-			if err != nil {
-				return
-			}
-			for _, a := range dial {
-				if probeMessenger(ctx, a, timeout) != msgrUnknown {
-					alive[i] = true
-					return
-				}
+			if dial, err := monitorDial(m); err == nil {
+				alive[i] = reachable(dial, timeout)
 			}
 		}()
 	}
