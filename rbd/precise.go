@@ -25,7 +25,9 @@ package rbd
 //     snapshot, without data), up to preciseWindow objects at once, by the
 //     rules of precise_rules.go; a clone's object that does not exist takes
 //     its parent's extents at the parent snapshot, within the overlap, up
-//     the chain;
+//     the chain; where a clone's object may hold a copy of its parent's
+//     data, per-chunk hashes computed by the OSD tell the copy from the
+//     change (precise_copyup.go);
 //  3. delivery: refined extents reach Iterate's callback in image order,
 //     through a bounded window (precise_pipeline.go), with the same
 //     guarantees as the other modes.
@@ -90,6 +92,7 @@ const (
 	ReasonError      = "error"       // image or object: a query failed
 	ReasonListSnaps  = "list-snaps"  // object: list_snaps failed
 	ReasonMapext     = "mapext"      // object: mapext failed
+	ReasonChecksum   = "checksum"    // object: hashing its chunks failed
 	ReasonSnapSet    = "snap-set"    // object: a snap set precise mode cannot read
 	ReasonPanic      = "panic"       // object: refining panicked
 )
@@ -463,7 +466,14 @@ func (l *layer) view(ctx context.Context, off, end int64) ([]span, error) {
 		case err != nil:
 			return nil, reasoned{ReasonMapext, fmt.Errorf("mapext %s: %w", name, err)}
 		default:
-			out = append(out, clip(shift(ext, base), o, oe)...)
+			ext = clip(shift(ext, base), o, oe)
+			if l.underParent(base) && spanBytes(ext) > copyUpDense {
+				// Maybe copied up densely: leave its zeros out.
+				if ext, err = l.withoutZeros(ctx, ext); err != nil {
+					return nil, err
+				}
+			}
+			out = append(out, ext...)
 		}
 		o = oe
 	}
@@ -523,5 +533,11 @@ func (r *refiner) delta(ctx context.Context, c candidate) ([]span, error) {
 			return nil, err
 		}
 	}
-	return shift(deltaSpans(od, own1, own2, shift(parent1, -base), shift(parent2, -base)), base), nil
+	changed := shift(deltaSpans(od, own1, own2, shift(parent1, -base), shift(parent2, -base)), base)
+	if len(changed) > 0 && !(od.exists1 && od.exists2) && (r.base.underParent(base) || r.top.underParent(base)) {
+		// The object hides parent data at one snapshot, maybe a copy of
+		// it (precise_copyup.go): compare the content.
+		return r.changedChunks(ctx, changed)
+	}
+	return changed, nil
 }
