@@ -173,6 +173,8 @@ type preciseWorkload struct {
 	rng    *rand.Rand
 	log    []string
 	images []*preciseImage // parents first; the last is the one checked
+	ns     string          // the images' RADOS namespace
+	header uint64          // the last image's LUKS header: not user data
 }
 
 func newPreciseWorkload(t *testing.T, ioctx *rados.IOContext, seed uint64) *preciseWorkload {
@@ -306,7 +308,8 @@ func (w *preciseWorkload) run() {
 	}
 }
 
-// read returns the whole snapshot as librbd reads it, parents included.
+// read returns the whole snapshot as librbd reads it, parents included,
+// after the LUKS header of the last image.
 func (w *preciseWorkload) read(p *preciseImage, snap string) []byte {
 	t := w.t
 	img, err := rbd.OpenImageReadOnly(w.ioctx, p.name, snap)
@@ -325,7 +328,7 @@ func (w *preciseWorkload) read(p *preciseImage, snap string) []byte {
 			t.Fatalf("read %s@%s %d: n=%d %v", p.name, snap, off, n, err)
 		}
 	}
-	return buf
+	return buf[w.header:]
 }
 
 // preciseExtent is one reported extent.
@@ -336,7 +339,10 @@ type preciseExtent struct{ off, len int64 }
 func (w *preciseWorkload) query(src *rsm.Source, p *preciseImage, base, target string, mode string) ([]preciseExtent, time.Duration, rsm.PreciseStats) {
 	t := w.t
 	t.Helper()
-	id := func(s string) string { return "rsm-e2e/" + pool + "/" + p.name + "@" + s }
+	id := func(s string) string { return "rsm-e2e/" + pool + "/" + w.ns + "/" + p.name + "@" + s }
+	if w.ns == "" {
+		id = func(s string) string { return "rsm-e2e/" + pool + "/" + p.name + "@" + s }
+	}
 	req := rsm.Request{Target: id(target), Secrets: preciseSecrets(t)}
 	if base != "" {
 		req.Base = id(base)

@@ -512,6 +512,12 @@ func (r *refiner) delta(ctx context.Context, c candidate) ([]span, error) {
 		return nil, reasoned{ReasonSnapSet, fmt.Errorf("object %s: %w", name, err)}
 	}
 	n := od.needs()
+	// A large change inside an object that exists at both snapshots is
+	// most often a discard: keep only what is data at one of them.
+	holes := od.exists1 && od.exists2 && spanBytes(clip(od.changed, 0, min(od.size1, od.size2))) > copyUpDense
+	if holes {
+		n.own1, n.own2 = true, true
+	}
 	var own1, own2, parent1, parent2 []span
 	if n.own1 {
 		if own1, err = mapext(r.base.ioctx, name, 0, size); err != nil {
@@ -533,7 +539,11 @@ func (r *refiner) delta(ctx context.Context, c candidate) ([]span, error) {
 			return nil, err
 		}
 	}
-	changed := shift(deltaSpans(od, own1, own2, shift(parent1, -base), shift(parent2, -base)), base)
+	changed := deltaSpans(od, own1, own2, shift(parent1, -base), shift(parent2, -base))
+	if holes {
+		changed = withoutHoles(changed, own1, own2, min(od.size1, od.size2))
+	}
+	changed = shift(changed, base)
 	if len(changed) > 0 && !(od.exists1 && od.exists2) && (r.base.underParent(base) || r.top.underParent(base)) {
 		// The object hides parent data at one snapshot, maybe a copy of
 		// it (precise_copyup.go): compare the content.

@@ -71,3 +71,44 @@ func TestChunkEnvelope(t *testing.T) {
 		}
 	}
 }
+
+// TestWithoutHoles: a change counts only where either snapshot has data,
+// and everything from lo on is left alone.
+func TestWithoutHoles(t *testing.T) {
+	for _, tc := range []struct {
+		name                string
+		changed, own1, own2 []span
+		lo                  int64
+		want                []span
+	}{{
+		name:    "a discard of never-written bytes",
+		changed: []span{{0, 256 << 10}},
+		lo:      4 << 20,
+		want:    nil,
+	}, {
+		name:    "a discard of data written before s1",
+		changed: []span{{0, 256 << 10}},
+		own1:    []span{{4096, 8192}},
+		lo:      4 << 20,
+		want:    []span{{4096, 8192}},
+	}, {
+		name:    "a write after s1 counts from s2's data",
+		changed: []span{{0, 1 << 20}},
+		own2:    []span{{100, 50}, {1 << 19, 4096}},
+		lo:      4 << 20,
+		want:    []span{{100, 50}, {1 << 19, 4096}},
+	}, {
+		name:    "growth past lo is kept whole",
+		changed: []span{{0, 8192}, {1 << 20, 1 << 20}},
+		own2:    []span{{0, 4096}},
+		lo:      1 << 20,
+		want:    []span{{0, 4096}, {1 << 20, 1 << 20}},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := withoutHoles(tc.changed, tc.own1, tc.own2, tc.lo)
+			if diff := cmp.Diff(tc.want, got, cmp.AllowUnexported(span{})); diff != "" {
+				t.Errorf("(-want +got):\n%s", diff)
+			}
+		})
+	}
+}
