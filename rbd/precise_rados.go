@@ -89,3 +89,10 @@ func chunkSums(ioctx *rados.IOContext, oid string, off, length int64) (int64, []
 	}
 	return int64(w[0]), w[1:], nil
 }
+
+// librados writes its log to C++'s std::cerr until a connection's
+// configuration reaches it, and before that it quotes there a cephx key it
+// cannot decode (reef, given tentacle's aes256k key). Secrets never reach
+// a log: the process's std::cerr writes nothing. klog and the Go runtime
+// write to the stderr file itself, not through it.
+func init() { C.rsm_silence_cerr() }
