@@ -6,7 +6,8 @@ package rbd
 // the parent's holes; through two or more (a Ceph-CSI restored volume is a
 // clone of the csi-snap clone of the source), reef 18.2.7 writes the whole
 // object densely, zeros included (measured: a 4 KiB write next to 4 KiB of
-// grandparent data makes a 4 MiB object with one 4 MiB extent). Neither the
+// grandparent data makes a 4 MiB object with one 4 MiB extent; tentacle
+// 20.2.4's librbd keeps the holes). Neither the
 // object's extents nor its snap set then tell the copied bytes from the
 // written ones: both look allocated, and new since the base snapshot.
 //
