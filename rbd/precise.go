@@ -448,36 +448,48 @@ func (r *refiner) allocated(ctx context.Context, c candidate) ([]span, error) {
 // offsets.
 func (l *layer) view(ctx context.Context, off, end int64) ([]span, error) {
 	var out []span
-	for o := off; o < end; {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		base := o - o%l.objSize
-		oe := min(end, base+l.objSize)
-		name := l.object(base / l.objSize)
+	err := l.eachObject(ctx, off, end, func(o, oe, base int64, name string) error {
 		ext, err := mapext(l.ioctx, name, o-base, oe-o)
 		switch {
 		case isNoEnt(err):
 			p, err := l.parentView(ctx, o, oe)
 			if err != nil {
-				return nil, err
+				return err
 			}
 			out = append(out, p...)
 		case err != nil:
-			return nil, reasoned{ReasonMapext, fmt.Errorf("mapext %s: %w", name, err)}
+			return reasoned{ReasonMapext, fmt.Errorf("mapext %s: %w", name, err)}
 		default:
 			ext = clip(shift(ext, base), o, oe)
 			if l.underParent(base) && spanBytes(ext) > copyUpDense {
 				// Maybe copied up densely: leave its zeros out.
 				if ext, err = l.withoutZeros(ctx, ext); err != nil {
-					return nil, err
+					return err
 				}
 			}
 			out = append(out, ext...)
 		}
+		return nil
+	})
+	return out, err
+}
+
+// eachObject calls fn for each of the layer's objects that [off, end)
+// (image offsets) meets: the part [o, oe) of the range in it, where it
+// starts, and its name.
+func (l *layer) eachObject(ctx context.Context, off, end int64, fn func(o, oe, base int64, name string) error) error {
+	for o := off; o < end; {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		base := o - o%l.objSize
+		oe := min(end, base+l.objSize)
+		if err := fn(o, oe, base, l.object(base/l.objSize)); err != nil {
+			return err
+		}
 		o = oe
 	}
-	return out, nil
+	return nil
 }
 
 // parentView returns what the layer reads from its parent chain in

@@ -58,23 +58,17 @@ type chunkSum struct {
 // beyond the object's size), else the parent's content within the overlap.
 func (l *layer) sums(ctx context.Context, off, end int64) ([]chunkSum, error) {
 	out := make([]chunkSum, 0, (end-off)/preciseChunk)
-	for o := off; o < end; {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		base := o - o%l.objSize
-		oe := min(end, base+l.objSize)
-		name := l.object(base / l.objSize)
+	err := l.eachObject(ctx, off, end, func(o, oe, base int64, name string) error {
 		size, s, err := chunkSums(l.ioctx, name, o-base, oe-o)
 		switch {
 		case isNoEnt(err):
 			p, err := l.parentSums(ctx, o, oe)
 			if err != nil {
-				return nil, err
+				return err
 			}
 			out = append(out, p...)
 		case err != nil:
-			return nil, reasoned{ReasonChecksum, fmt.Errorf("checksum %s: %w", name, err)}
+			return reasoned{ReasonChecksum, fmt.Errorf("checksum %s: %w", name, err)}
 		default:
 			for i, c := 0, o; c < oe; i, c = i+1, c+preciseChunk {
 				switch {
@@ -87,9 +81,9 @@ func (l *layer) sums(ctx context.Context, off, end int64) ([]chunkSum, error) {
 				}
 			}
 		}
-		o = oe
-	}
-	return out, nil
+		return nil
+	})
+	return out, err
 }
 
 // parentSums returns the hashes of what the layer reads from its parent
