@@ -8,6 +8,7 @@ package rbd
 import "C"
 
 import (
+	"fmt"
 	"syscall"
 	"unsafe"
 
@@ -62,4 +63,26 @@ func mapext(ioctx *rados.IOContext, oid string, off, length int64) ([]span, erro
 		return nil, radosErr(r)
 	}
 	return parseSpans(words(p, n))
+}
+
+// checksums returns the xxhash64 (seed 0) of each chunk-byte chunk of
+// object oid in [off, off+length) at ioctx's read snapshot; length must be
+// a multiple of chunk, and the range must end within the object.
+//
+// Implements (radospp.cpp): librados::ObjectReadOperation::checksum.
+func checksums(ioctx *rados.IOContext, oid string, off, length, chunk int64) ([]uint64, error) {
+	coid := C.CString(oid)
+	defer C.free(unsafe.Pointer(coid))
+	var (
+		p *C.uint64_t
+		n C.size_t
+	)
+	if r := C.rsm_checksum(C.rados_ioctx_t(ioctx.Pointer()), coid, C.uint64_t(off), C.uint64_t(length), C.uint64_t(chunk), &p, &n); r < 0 {
+		return nil, radosErr(r)
+	}
+	if w := words(p, n); int64(len(w)) == length/chunk {
+		return w, nil
+	} else {
+		return nil, fmt.Errorf("checksum: %d hashes for %d chunks", len(w), length/chunk)
+	}
 }

@@ -86,3 +86,41 @@ extern "C" int rsm_mapext(rados_ioctx_t io, const char *oid, uint64_t off, uint6
     return -EIO;
   }
 }
+
+extern "C" int rsm_checksum(rados_ioctx_t io, const char *oid, uint64_t off, uint64_t len, uint64_t chunk,
+                            uint64_t **out, size_t *n) {
+  try {
+    librados::IoCtx ioctx;
+    librados::IoCtx::from_rados_ioctx_t(io, ioctx);
+    librados::bufferlist seed, sums;
+    const uint64_t zero = 0;
+    seed.append(reinterpret_cast<const char *>(&zero), sizeof(zero));
+    int rv = 0;
+    librados::ObjectReadOperation op;
+    op.checksum(LIBRADOS_CHECKSUM_TYPE_XXHASH64, seed, off, len, chunk, &sums, &rv);
+    int r = ioctx.operate(oid, &op, nullptr);
+    if (r < 0) {
+      return r;
+    }
+    if (rv < 0) {
+      return rv;
+    }
+    // The answer: a little-endian uint32 count, then count uint64 values.
+    uint32_t count = 0;
+    if (sums.length() < sizeof(count)) {
+      return -EIO;
+    }
+    auto it = sums.cbegin();
+    it.copy(sizeof(count), reinterpret_cast<char *>(&count));
+    if (sums.length() != sizeof(count) + uint64_t(count) * sizeof(uint64_t)) {
+      return -EIO;
+    }
+    std::vector<uint64_t> w(count);
+    it.copy(count * sizeof(uint64_t), reinterpret_cast<char *>(w.data()));
+    return hand(w, out, n);
+  } catch (const std::bad_alloc &) {
+    return -ENOMEM;
+  } catch (...) {
+    return -EIO;
+  }
+}

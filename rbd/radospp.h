@@ -1,5 +1,5 @@
 /*
- * radospp.h: the two librados queries of precise mode that librados' C API
+ * radospp.h: the librados queries of precise mode that librados' C API
  * (and so go-ceph) lacks, behind extern "C" for cgo. radospp.cpp implements
  * them with librados' C++ API (librados.hpp, Debian's libradospp-dev).
  *
@@ -37,6 +37,17 @@ int rsm_list_snaps(rados_ioctx_t io, const char *oid, uint64_t **out, size_t *n)
  * An erasure-coded pool answers -EOPNOTSUPP.
  */
 int rsm_mapext(rados_ioctx_t io, const char *oid, uint64_t off, uint64_t len, uint64_t **out, size_t *n);
+
+/*
+ * rsm_checksum: ObjectReadOperation::checksum, xxhash64 with seed 0 of each
+ * chunk-byte chunk of [off, off+len) at the ioctx's read snapshot: *n
+ * hashes, in order. The OSD computes them from the data, which never
+ * travels; it answers -EINVAL when len is not a multiple of chunk, or when
+ * the range runs past the object's end and what is left is not. Erasure-
+ * coded pools answer it (reef 18.2.7), unlike mapext.
+ */
+int rsm_checksum(rados_ioctx_t io, const char *oid, uint64_t off, uint64_t len, uint64_t chunk,
+                 uint64_t **out, size_t *n);
 
 #ifdef __cplusplus
 }
