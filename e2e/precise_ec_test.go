@@ -1,0 +1,95 @@
+//go:build e2e
+
+package e2e
+
+// Precise mode on images whose data lives in an erasure-coded data pool
+// (Ceph-CSI's dataPool StorageClass parameter): the header in the
+// replicated pool rbd, the data objects in an EC pool, k=2 m=1 over 3 OSDs
+// with failure domain osd and allow_ec_overwrites. The main test cluster
+// has one OSD, so this test starts its own (about 15 s), and runs 4 seeds
+// by default to keep the suite's time (about 2 minutes in all).
+//
+//	./dev.sh e2e -run TestPreciseOracleECDataPool -v
+//	RSM_E2E_SEEDS=40 ./dev.sh e2e -run TestPreciseOracleECDataPool
+//	RSM_E2E_EC_COST=1 ./dev.sh e2e -run TestPreciseOracleECDataPool/cost -v
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/ceph/go-ceph/rbd"
+
+	rsm "github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd"
+)
+
+// ecPool is the EC data pool of startECCluster's cluster.
+const ecPool = "rbd-ec"
+
+// startECCluster starts a cluster of 3 OSDs with the EC data pool ecPool
+// on 127.0.0.1, its ports in 17500..18499 (with-cluster.sh's clusters use
+// 16500..17499).
+func startECCluster(t *testing.T) *extraCluster {
+	t.Helper()
+	free := func(p int) bool {
+		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+		if err != nil {
+			return false
+		}
+		l.Close()
+		return true
+	}
+	for b := 17500; b < 18500; b += 100 {
+		if free(b) && free(b+1) && free(b+10) {
+			return startExtraCluster(t, "127.0.0.1", b, b, b+1, "RSM_CEPH_OSDS=3", "RSM_CEPH_EC_POOL="+ecPool)
+		}
+	}
+	t.Fatal("no free port block on 127.0.0.1 among 17500..18400")
+	return nil
+}
+
+// TestPreciseOracleECDataPool runs the random histories of
+// TestPreciseOracle on images (and clones) with an EC data pool: every
+// mode against the byte oracle, 0 missed bytes, and precise mode refining
+// every object without a fallback, from checksums since the EC pool
+// refuses mapext. With RSM_E2E_EC_COST set, subtest cost runs
+// TestPreciseCost's images there too (about a minute more).
+func TestPreciseOracleECDataPool(t *testing.T) {
+	c := startECCluster(t)
+	conn := connectTo(t, c.env["CEPH_MON_HOST"], c.env["CEPH_USER"], c.env["CEPH_KEY"])
+	ioctx := openIOContext(t, conn, pool, "")
+	srcs := preciseSourcesIn(t, c.dir)
+	secrets := map[string]string{rsm.SecretUserID: c.env["CEPH_USER"], rsm.SecretUserKey: c.env["CEPH_KEY"]}
+	tot := newPreciseTotals()
+	t.Run("cost", func(t *testing.T) {
+		if os.Getenv("RSM_E2E_EC_COST") == "" {
+			t.Skip("set RSM_E2E_EC_COST=1 to measure")
+		}
+		w := newPreciseWorkload(t, ioctx, 7)
+		w.dataPool, w.secrets = ecPool, secrets
+		preciseCost(t, w, srcs)
+	})
+	for _, seed := range preciseSeedsOr(t, 4) {
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			w := newPreciseWorkload(t, ioctx, seed)
+			w.dataPool, w.secrets = ecPool, secrets
+			w.run()
+			for _, p := range w.images {
+				if f, err := p.img.GetFeatures(); err != nil || f&rbd.FeatureDataPool == 0 {
+					t.Fatalf("%s: features %#x, %v: want a data pool", p.name, f, err)
+				}
+			}
+			w.check(srcs, tot)
+			if t.Failed() {
+				t.Logf("replay with RSM_E2E_SEED=%d; history:\n%s", seed, strings.Join(w.log, "\n"))
+			}
+		})
+	}
+	if tot.checksummed == 0 {
+		t.Errorf("precise mode refined no object from checksums: did the EC pool answer mapext?")
+	}
+	t.Log("\n" + tot.table())
+}
