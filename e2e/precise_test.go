@@ -183,16 +183,16 @@ type preciseImage struct {
 }
 
 type preciseWorkload struct {
-	t      *testing.T
-	ioctx  *rados.IOContext
+	t     *testing.T
+	ioctx *rados.IOContext
 	// dataPool, when set, is the data pool of every image made (Ceph-CSI's
 	// dataPool); secrets, when set, the secrets of queries (default: the
 	// test cluster's admin, preciseSecrets).
 	dataPool string
 	secrets  map[string]string
-	rng    *rand.Rand
-	log    []string
-	images []*preciseImage // parents first; the last is the one checked
+	rng      *rand.Rand
+	log      []string
+	images   []*preciseImage // parents first; the last is the one checked
 }
 
 func newPreciseWorkload(t *testing.T, ioctx *rados.IOContext, seed uint64) *preciseWorkload {

@@ -6,8 +6,8 @@ import (
 	"sync/atomic"
 	"syscall"
 
-	"github.com/cespare/xxhash/v2"
 	"github.com/ceph/go-ceph/rados"
+	"github.com/cespare/xxhash/v2"
 )
 
 // Where an object's data lies, at one snapshot, without reading the data
