@@ -10,14 +10,15 @@
 #
 # Two images, one with its data in rbd-ec, one in rbd: 4 KiB in object 0
 # and object 1, snapshot s1, 4 KiB more in object 0 (growing it), in new
-# objects 2 and 3, 100 bytes at 5000 in new object 4, snapshot s2. ec-queries.cpp then asks each object.
+# objects 2 and 3, 100 bytes at 5000 in new object 4, snapshot s2.
+# ec-queries/probe.cpp then asks each object.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 if [ "${1:-}" != --inside ]; then
   exec "$HERE/in-rootfs.sh" -b "$RSM_CLUSTER_DIR" -b "$HERE" bash "$HERE/ec-queries.sh" --inside
 fi
 tmp=$(mktemp -d)
-g++ -O1 -o "$tmp/probe" "$HERE/ec-queries.cpp" -lrados
+g++ -O1 -o "$tmp/probe" "$HERE/ec-queries/probe.cpp" -lrados
 python3 - "$CEPH_CONF" <<'PY'
 import os, sys, rados, rbd
 c = rados.Rados(conffile=sys.argv[1]); c.connect(); io = c.open_ioctx('rbd')

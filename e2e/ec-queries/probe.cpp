@@ -1,4 +1,4 @@
-// ec-queries.cpp: ec-queries.sh's probe. POOL NS OID SNAPID...: list_snaps,
+// probe.cpp: e2e/ec-queries.sh's probe. POOL NS OID SNAPID...: list_snaps,
 // then at each snapshot and at the head: stat, mapext, sparse_read, read and
 // checksum (xxhash64 per 4 KiB, over the object rounded up to 4 KiB, and
 // with length 0), each with its return value, answer and time. Connects as
