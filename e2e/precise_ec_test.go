@@ -44,7 +44,7 @@ func startECCluster(t *testing.T) *extraCluster {
 	}
 	for b := 17500; b < 18500; b += 100 {
 		if free(b) && free(b+1) && free(b+10) {
-			return startExtraCluster(t, "127.0.0.1", b, b, b+1, "RSM_CEPH_OSDS=3", "RSM_CEPH_EC_POOL="+ecPool)
+			return startExtraCluster(t, "127.0.0.1", b, b, b+1, "RSM_CEPH_OSDS=3", "RSM_CEPH_EC_POOL="+ecPool, "RSM_CEPH_NAMESPACE=ns1")
 		}
 	}
 	t.Fatal("no free port block on 127.0.0.1 among 17500..18400")
@@ -55,12 +55,14 @@ func startECCluster(t *testing.T) *extraCluster {
 // TestPreciseOracle on images (and clones) with an EC data pool: every
 // mode against the byte oracle, 0 missed bytes, and precise mode refining
 // every object without a fallback, from checksums since the EC pool
-// refuses mapext. With RSM_E2E_EC_COST set, subtest cost runs
+// refuses mapext. Every other seed runs in RBD namespace ns1, whose data
+// objects share that namespace in the data pool. With RSM_E2E_EC_COST set, subtest cost runs
 // TestPreciseCost's images there too (about a minute more).
 func TestPreciseOracleECDataPool(t *testing.T) {
 	c := startECCluster(t)
 	conn := connectTo(t, c.env["CEPH_MON_HOST"], c.env["CEPH_USER"], c.env["CEPH_KEY"])
 	ioctx := openIOContext(t, conn, pool, "")
+	nsIoctx := openIOContext(t, conn, pool, namespace)
 	srcs := preciseSourcesIn(t, c.dir)
 	secrets := map[string]string{rsm.SecretUserID: c.env["CEPH_USER"], rsm.SecretUserKey: c.env["CEPH_KEY"]}
 	tot := newPreciseTotals()
@@ -72,10 +74,14 @@ func TestPreciseOracleECDataPool(t *testing.T) {
 		w.dataPool, w.secrets = ecPool, secrets
 		preciseCost(t, w, srcs)
 	})
-	for _, seed := range preciseSeedsOr(t, 4) {
-		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
-			w := newPreciseWorkload(t, ioctx, seed)
-			w.dataPool, w.secrets = ecPool, secrets
+	for i, seed := range preciseSeedsOr(t, 4) {
+		io, ns, cid := ioctx, "", "rsm-e2e"
+		if i%2 == 1 {
+			io, ns, cid = nsIoctx, namespace, clusterIDNS
+		}
+		t.Run(fmt.Sprintf("seed=%d%s", seed, map[bool]string{true: ",ns=" + ns}[ns != ""]), func(t *testing.T) {
+			w := newPreciseWorkload(t, io, seed)
+			w.dataPool, w.secrets, w.clusterID = ecPool, secrets, cid
 			w.run()
 			for _, p := range w.images {
 				if f, err := p.img.GetFeatures(); err != nil || f&rbd.FeatureDataPool == 0 {

@@ -187,9 +187,12 @@ type preciseWorkload struct {
 	ioctx *rados.IOContext
 	// dataPool, when set, is the data pool of every image made (Ceph-CSI's
 	// dataPool); secrets, when set, the secrets of queries (default: the
-	// test cluster's admin, preciseSecrets).
-	dataPool string
-	secrets  map[string]string
+	// test cluster's admin, preciseSecrets); clusterID, when set, the
+	// cluster ID of queries (default rsm-e2e; rsm-e2e-ns1 for an ioctx in
+	// namespace ns1).
+	dataPool  string
+	secrets   map[string]string
+	clusterID string
 	rng      *rand.Rand
 	log      []string
 	images   []*preciseImage // parents first; the last is the one checked
@@ -361,7 +364,11 @@ type preciseExtent struct{ off, len int64 }
 func (w *preciseWorkload) query(src *rsm.Source, p *preciseImage, base, target string, mode string) ([]preciseExtent, time.Duration, rsm.PreciseStats) {
 	t := w.t
 	t.Helper()
-	id := func(s string) string { return "rsm-e2e/" + pool + "/" + p.name + "@" + s }
+	cid := w.clusterID
+	if cid == "" {
+		cid = "rsm-e2e"
+	}
+	id := func(s string) string { return cid + "/" + pool + "/" + p.name + "@" + s }
 	secrets := w.secrets
 	if secrets == nil {
 		secrets = preciseSecrets(t)
