@@ -20,6 +20,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ceph/go-ceph/rbd"
 
@@ -73,6 +74,44 @@ func TestPreciseOracleECDataPool(t *testing.T) {
 		w := newPreciseWorkload(t, ioctx, 7)
 		w.dataPool, w.secrets = ecPool, secrets
 		preciseCost(t, w, srcs)
+	})
+	t.Run("reported", func(t *testing.T) {
+		// The server binary names the checksum queries in the stream's
+		// -v=2 line and in /metrics, and falls back nowhere.
+		addr := freeTCPAddr(t)
+		srv := startServer(t, "--clusterconfig", c.dir+"/csi-config.json", "--metrics-address="+addr)
+		srv.hide = append(srv.hide, c.env["CEPH_KEY"], c.env["CEPH_CSI_KEY"])
+		name := uniqueName(t, "precise-ec")
+		p := newCostImage(t, ioctx, name, 64*mib, ecPool)
+		writeAt(t, p.img, 5*mib, 64*preciseKiB)
+		snapshot(t, p.img, "s1")
+		writeAt(t, p.img, 20*mib, 4*preciseKiB)
+		snapshot(t, p.img, "s2")
+		id := func(snap string) string { return "rsm-e2e/" + pool + "/" + p.name + "@" + snap }
+		m := srv.get(t, metaReq{base: id("s1"), target: id("s2"), secrets: secrets})
+		if m.err != nil {
+			t.Fatal(m.err)
+		}
+		var got []span
+		for _, pg := range m.pages {
+			got = append(got, pg.tuples...)
+		}
+		if want := []span{{Offset: 20 * int64(mib), Length: 4 * preciseKiB}}; fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("Delta: %v, want %v", got, want)
+		}
+		for deadline := time.Now().Add(10 * time.Second); !strings.Contains(srv.log(), `"Stream finished"`) && time.Now().Before(deadline); {
+			time.Sleep(50 * time.Millisecond)
+		}
+		if log := srv.log(); !strings.Contains(log, `checksummedQueries=`) || strings.Contains(log, `objectFallbacks=`) {
+			t.Errorf("the -v=2 log lacks checksummedQueries or has fallbacks:\n%s", tail(log, 20))
+		}
+		body := scrape(t, addr)
+		if v, ok := metricValue(body, `rbd_snapshot_metadata_precise_checksum_queries_total{method="GetMetadataDelta"}`); !ok || v < 1 {
+			t.Errorf("/metrics: checksum queries %v (present %v), want at least 1", v, ok)
+		}
+		if strings.Contains(body, `rbd_snapshot_metadata_precise_fallbacks_total{`) {
+			t.Errorf("/metrics: precise fallbacks:\n%s", body)
+		}
 	})
 	for i, seed := range preciseSeedsOr(t, 4) {
 		io, ns, cid := ioctx, "", "rsm-e2e"
