@@ -193,9 +193,9 @@ type preciseWorkload struct {
 	dataPool  string
 	secrets   map[string]string
 	clusterID string
-	rng      *rand.Rand
-	log      []string
-	images   []*preciseImage // parents first; the last is the one checked
+	rng       *rand.Rand
+	log       []string
+	images    []*preciseImage // parents first; the last is the one checked
 }
 
 func newPreciseWorkload(t *testing.T, ioctx *rados.IOContext, seed uint64) *preciseWorkload {

@@ -80,26 +80,46 @@ func nonZero(ioctx *rados.IOContext, oid string, off, length, size int64) ([]spa
 		}
 		size = int64(st.Size)
 	}
-	end := min(off+length, size)
-	if off >= end {
-		return nil, nil
-	}
-	lo := off - off%dataChunk
-	hi := end - end%dataChunk // whole chunks end here
-	var out []span
+	lo, hi, end := chunkRange(off, length, size)
+	var sums []uint64
 	if lo < hi {
-		sums, err := checksums(ioctx, oid, lo, hi-lo, dataChunk)
-		if err != nil {
+		var err error
+		if sums, err = checksums(ioctx, oid, lo, hi-lo, dataChunk); err != nil {
 			return nil, err
 		}
-		for i, h := range sums {
-			if h != zeroSum {
-				out = append(out, span{lo + int64(i)*dataChunk, dataChunk})
-			}
+	}
+	return nonZeroSpans(off, lo, hi, end, sums), nil
+}
+
+// chunkRange returns what nonZero asks of an object of size bytes for
+// [off, off+length): checksums of the whole chunks in [lo, hi), and the
+// part [hi, end) of a chunk the object's end cuts short; end <= off when
+// nothing is left.
+func chunkRange(off, length, size int64) (lo, hi, end int64) {
+	end = min(off+length, size)
+	if off >= end {
+		return off, off, end
+	}
+	lo = off - off%dataChunk
+	hi = max(lo, end-end%dataChunk)
+	return lo, hi, end
+}
+
+// nonZeroSpans turns the checksums of the chunks in [lo, hi) into the
+// extents that may hold data: the chunks that do not hash as zeros, and
+// [hi, end) whole, clipped to [off, end).
+func nonZeroSpans(off, lo, hi, end int64, sums []uint64) []span {
+	if off >= end {
+		return nil
+	}
+	var out []span
+	for i, h := range sums {
+		if h != zeroSum {
+			out = append(out, span{lo + int64(i)*dataChunk, dataChunk})
 		}
 	}
 	if hi < end {
 		out = append(out, span{hi, end - hi})
 	}
-	return clip(normalize(out), off, end), nil
+	return clip(normalize(out), off, end)
 }
