@@ -147,6 +147,9 @@ type refiner struct {
 	ioctxs []*rados.IOContext
 	// queries has one dataQuery per data pool, by name.
 	queries map[string]*dataQuery
+	// dataPools has the data pool of each image with one, by pool,
+	// namespace and image ID: the base and target layers share it.
+	dataPools map[[3]string]string
 
 	objects, fallbacks, summed atomic.Int64
 	mu                         sync.Mutex
@@ -310,22 +313,8 @@ func (r *refiner) layer(conn *rados.Conn, pool, ns string, img *librbd.Image, sn
 	if features&librbd.FeatureDataPool != 0 {
 		// Ceph-CSI's dataPool: the header here, the data objects in
 		// the data pool (nearly always erasure-coded), same namespace.
-		imageID, err := img.GetId()
-		if err != nil {
-			return nil, wrap("get image id", err)
-		}
-		hio, err := conn.OpenIOContext(pool)
-		if err != nil {
-			return nil, wrap("open pool "+pool, err)
-		}
-		hio.SetNamespace(ns)
-		id, err := dataPoolID(hio, imageID)
-		hio.Destroy()
-		if err != nil {
-			return nil, wrap("get data pool", err)
-		}
-		if dataPool, err = conn.GetPoolByID(id); err != nil {
-			return nil, wrap(fmt.Sprintf("look up data pool %d", id), err)
+		if dataPool, err = r.dataPool(conn, pool, ns, img); err != nil {
+			return nil, err
 		}
 	}
 	ioctx, err := r.ioctx(conn, dataPool, ns, snap)
@@ -375,6 +364,37 @@ func (r *refiner) layer(conn *rados.Conn, pool, ns string, img *librbd.Image, sn
 	}
 	l.overlap = int64(overlap)
 	return l, nil
+}
+
+// dataPool returns the name of the data pool of img, in pool and ns.
+func (r *refiner) dataPool(conn *rados.Conn, pool, ns string, img *librbd.Image) (string, error) {
+	imageID, err := img.GetId()
+	if err != nil {
+		return "", wrap("get image id", err)
+	}
+	key := [3]string{pool, ns, imageID}
+	if name, ok := r.dataPools[key]; ok {
+		return name, nil
+	}
+	hio, err := conn.OpenIOContext(pool)
+	if err != nil {
+		return "", wrap("open pool "+pool, err)
+	}
+	hio.SetNamespace(ns)
+	id, err := dataPoolID(hio, imageID)
+	hio.Destroy()
+	if err != nil {
+		return "", wrap("get data pool", err)
+	}
+	name, err := conn.GetPoolByID(id)
+	if err != nil {
+		return "", wrap(fmt.Sprintf("look up data pool %d", id), err)
+	}
+	if r.dataPools == nil {
+		r.dataPools = map[[3]string]string{}
+	}
+	r.dataPools[key] = name
+	return name, nil
 }
 
 // query returns the dataQuery of pool, made on first use.
