@@ -48,7 +48,7 @@ func (r *refinedRecorder) Refined(method string, ref driver.Refinement) {
 // TestObserverGetsRefinement: a Diff's refinement, fallbacks included,
 // reaches an Observer that records refinements, under the RPC's name.
 func TestObserverGetsRefinement(t *testing.T) {
-	ref := driver.Refinement{On: true, Candidates: "existence", Objects: 7, ObjectFallbacks: map[string]int64{"mapext": 2}, LastObjectFallback: "boom"}
+	ref := driver.Refinement{On: true, Candidates: "existence", Objects: 7, Checksummed: 3, ObjectFallbacks: map[string]int64{"checksum": 2}, LastObjectFallback: "boom"}
 	rec := &refinedRecorder{refined: map[string]driver.Refinement{}}
 	d, err := driver.New(refiningSource{fixture(), ref}, driver.Options{Name: "x", BlockMetadataType: csi.BlockMetadataType_VARIABLE_LENGTH, Observer: rec})
 	if err != nil {

@@ -150,6 +150,9 @@ func refinementLog(r Refinement) []any {
 	if r.Candidates != "" {
 		kv = append(kv, "candidates", r.Candidates)
 	}
+	if r.Checksummed > 0 {
+		kv = append(kv, "checksummedQueries", r.Checksummed)
+	}
 	if r.ImageFallback != "" {
 		kv = append(kv, "imageFallback", r.ImageFallback, "imageFallbackDetail", r.ImageFallbackDetail)
 	}

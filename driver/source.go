@@ -79,6 +79,10 @@ type Refinement struct {
 	Candidates string
 	// Objects counts the objects refined.
 	Objects int64
+	// Checksummed counts the object queries answered from per-4 KiB
+	// checksums, which make the OSDs read the data, because the pool
+	// refused mapext (an erasure-coded data pool).
+	Checksummed int64
 	// ImageFallback is the short reason why the whole image got librbd's
 	// exact answer instead (for example "striping"), ImageFallbackDetail
 	// the long one; both empty when it was refined.

@@ -37,6 +37,12 @@
 #   RSM_CEPH_MON_V2, RSM_CEPH_MON_V1   the monitor's ports (default BASE, BASE+1;
 #                     3300 and 6789 are Ceph's defaults)
 #   RSM_CEPH_NAMESPACE=none   no RBD namespace ns1
+#   RSM_CEPH_OSDS=N   N OSDs (default 1), each on its own sparse file
+#   RSM_CEPH_EC_POOL=NAME   also an erasure-coded pool NAME (profile k=2 m=1
+#                     crush-failure-domain=osd, allow_ec_overwrites on,
+#                     application rbd): a data pool for images whose header
+#                     stays in pool rbd, as Ceph-CSI's dataPool makes them.
+#                     Needs RSM_CEPH_OSDS=3 or more.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 MARKER=.rsm-ceph-cluster   # marks DIR as ours, so that start may wipe it
@@ -185,7 +191,8 @@ status() {
 start_inside() {
   local base=$1 v2=${RSM_CEPH_MON_V2:-$1} v1=${RSM_CEPH_MON_V1:-$(($1 + 1))} fsid mon_addr C=$DIR
   local ip=${RSM_CEPH_ADDR:-127.0.0.1} host ipv4=true ipv6=false
-  local osd_uuid osd_key osd_id mkfs_pid pool_pid conf=(--conf "$DIR/ceph.conf")
+  local osds=${RSM_CEPH_OSDS:-1} ec=${RSM_CEPH_EC_POOL:-} i osd_id pool_pid conf=(--conf "$DIR/ceph.conf")
+  local osd_uuid=() osd_key=() mkfs_pid=()
   exec >>"$C/log/start.log" 2>&1
   PS4='+ ${EPOCHREALTIME} '; set -x
   T0=$(now)
@@ -263,15 +270,20 @@ bluestore_cache_autotune = false
 bluestore_cache_size = 134217728
 osd_crush_update_on_start = true
 EOF
-  mkdir -p "$C/mon/ceph-a" "$C/osd/ceph-0" "$C/crash"
+  mkdir -p "$C/mon/ceph-a" "$C/crash"
+  [[ $osds =~ ^[1-9]$ ]] || { echo "bad RSM_CEPH_OSDS=$osds (1 to 9)"; return 1; }
+  [ -z "$ec" ] || ((osds >= 3)) || { echo "RSM_CEPH_EC_POOL needs RSM_CEPH_OSDS=3 or more"; return 1; }
 
-  # The OSD's mkfs (~2 s) needs no mon: run it while the mon comes up.
-  osd_uuid=$(cat /proc/sys/kernel/random/uuid)
-  osd_key=$(ceph-authtool --gen-print-key)
-  ceph-authtool --create-keyring "$C/osd/ceph-0/keyring" -n osd.0 --add-key "$osd_key"
-  ceph-osd "${conf[@]}" -i 0 --mkfs --osd-uuid "$osd_uuid" --no-mon-config \
-    </dev/null >>"$C/log/osd-mkfs.out" 2>&1 9>&- &
-  mkfs_pid=$!
+  # The OSDs' mkfs (~2 s) needs no mon: run it while the mon comes up.
+  for ((i = 0; i < osds; i++)); do
+    mkdir -p "$C/osd/ceph-$i"
+    osd_uuid[i]=$(cat /proc/sys/kernel/random/uuid)
+    osd_key[i]=$(ceph-authtool --gen-print-key)
+    ceph-authtool --create-keyring "$C/osd/ceph-$i/keyring" -n "osd.$i" --add-key "${osd_key[i]}"
+    ceph-osd "${conf[@]}" -i "$i" --mkfs --osd-uuid "${osd_uuid[i]}" --no-mon-config \
+      </dev/null >>"$C/log/osd-mkfs.out" 2>&1 9>&- &
+    mkfs_pid[i]=$!
+  done
 
   # Every key in the mon's mkfs keyring is imported: client.admin and the
   # Ceph-CSI style client.csi.
@@ -289,16 +301,32 @@ EOF
   ceph-mon "${conf[@]}" --mkfs -i a --monmap "$C/monmap" --keyring "$C/mon.keyring"
   ceph-mon "${conf[@]}" -i a </dev/null >>"$C/log/mon.out" 2>&1 9>&-
 
-  osd_id=$(printf '{"cephx_secret": "%s"}' "$osd_key" |
-    ceph "${conf[@]}" --connect-timeout 30 osd new "$osd_uuid" -i -)
+  for ((i = 0; i < osds; i++)); do
+    osd_id=$(printf '{"cephx_secret": "%s"}' "${osd_key[i]}" |
+      ceph "${conf[@]}" --connect-timeout 30 osd new "${osd_uuid[i]}" -i -)
+    [ "$osd_id" = "$i" ]
+  done
   T_MON=$(now)
   # The mon holds its ports: let other starts pick theirs.
   if { true >&9; } 2>/dev/null; then flock -u 9; exec 9>&-; fi
-  [ "$osd_id" = 0 ]
-  ceph "${conf[@]}" osd pool create rbd 8 8 &
+  {
+    ceph "${conf[@]}" osd pool create rbd 8 8
+    if [ -n "$ec" ]; then
+      ceph "${conf[@]}" osd erasure-code-profile set rsm-k2m1 k=2 m=1 crush-failure-domain=osd
+      ceph "${conf[@]}" osd pool create "$ec" 8 8 erasure rsm-k2m1
+      ceph "${conf[@]}" osd pool set "$ec" allow_ec_overwrites true
+      ceph "${conf[@]}" osd pool application enable "$ec" rbd
+    fi
+  } &
   pool_pid=$!
-  wait $mkfs_pid
-  ceph-osd "${conf[@]}" -i 0 </dev/null >>"$C/log/osd.out" 2>&1
+  # Each OSD takes seconds to boot before it daemonizes: boot them at once.
+  local boot_pid=()
+  for ((i = 0; i < osds; i++)); do wait "${mkfs_pid[i]}"; done
+  for ((i = 0; i < osds; i++)); do
+    ceph-osd "${conf[@]}" -i "$i" </dev/null >>"$C/log/osd.out" 2>&1 9>&- &
+    boot_pid[i]=$!
+  done
+  for ((i = 0; i < osds; i++)); do wait "${boot_pid[i]}"; done
   wait $pool_pid
   T_OSD=$(now)
   # rbd pool init writes to the pool, so it also waits for the OSD to be up.

@@ -210,8 +210,9 @@ func startIPv6Cluster(t testing.TB) *extraCluster {
 }
 
 // startExtraCluster starts a cluster on ip, with the monitor on ports v2
-// and v1 and the OSD on base+10..base+99, and stops it when the test ends.
-func startExtraCluster(t testing.TB, ip string, base, v2, v1 int) *extraCluster {
+// and v1 and the OSDs on base+10..base+99, and stops it when the test ends.
+// env adds settings of cluster.sh's inside part (RSM_CEPH_OSDS=3, ...).
+func startExtraCluster(t testing.TB, ip string, base, v2, v1 int, env ...string) *extraCluster {
 	t.Helper()
 	dir, err := os.MkdirTemp("/var/tmp", "rsm-extra.")
 	if err != nil {
@@ -240,6 +241,7 @@ func startExtraCluster(t testing.TB, ip string, base, v2, v1 int) *extraCluster 
 	cmd.Dir = "/"
 	cmd.Env = append(os.Environ(), "RSM_CEPH_ADDR="+ip,
 		"RSM_CEPH_MON_V2="+strconv.Itoa(v2), "RSM_CEPH_MON_V1="+strconv.Itoa(v1), "RSM_CEPH_NAMESPACE=none")
+	cmd.Env = append(cmd.Env, env...)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		log, _ := os.ReadFile(filepath.Join(dir, "log", "start.log"))
 		t.Fatalf("start a cluster on %s: %v\n%s\n%s", ip, err, out, tail(string(log), 30))

@@ -57,7 +57,9 @@ func TestPreciseVolumeKinds(t *testing.T) {
 	for _, k := range preciseKinds {
 		t.Run(k.name, func(t *testing.T) {
 			w := newPreciseWorkload(t, openIOContext(t, conn, pool, k.ns), seed)
-			w.ns = k.ns
+			if k.ns != "" {
+				w.clusterID = "rsm-e2e-ns1" // csi-config.json's ID for namespace ns1
+			}
 			tot := testPreciseKind(t, w, k)
 			w.check(srcs, tot)
 			t.Log("\n" + tot.table())

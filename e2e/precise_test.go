@@ -65,12 +65,22 @@ type preciseTotals struct {
 	exact   [2]int64 // byte-exact changed bytes
 	queries [2]int
 	modes   map[string]*[2]preciseTally
+	// checksummed counts precise mode's object queries answered by
+	// checksums (a pool that refuses mapext: EC).
+	checksummed int64
 }
 
 // preciseSources opens one rbd.Source per mode on the test cluster.
 func preciseSources(t *testing.T) map[string]*rsm.Source {
 	t.Helper()
-	cfg := clusterEnv(t, "RSM_CLUSTER_DIR") + "/csi-config.json"
+	return preciseSourcesIn(t, clusterEnv(t, "RSM_CLUSTER_DIR"))
+}
+
+// preciseSourcesIn opens one rbd.Source per mode on the cluster whose
+// folder (cluster.sh's DIR) is dir.
+func preciseSourcesIn(t *testing.T, dir string) map[string]*rsm.Source {
+	t.Helper()
+	cfg := dir + "/csi-config.json"
 	srcs := map[string]*rsm.Source{}
 	for _, m := range preciseModes {
 		o := m.opts
@@ -88,7 +98,10 @@ func preciseSecrets(t *testing.T) map[string]string {
 
 // preciseSeeds returns the seeds to run: RSM_E2E_SEED alone, else
 // RSM_E2E_SEEDS (default 12) consecutive ones from a random start.
-func preciseSeeds(t *testing.T) []uint64 {
+func preciseSeeds(t *testing.T) []uint64 { return preciseSeedsOr(t, 12) }
+
+// preciseSeedsOr is preciseSeeds with n seeds by default.
+func preciseSeedsOr(t *testing.T, n int) []uint64 {
 	if s := os.Getenv("RSM_E2E_SEED"); s != "" {
 		v, err := strconv.ParseUint(s, 10, 64)
 		if err != nil {
@@ -96,7 +109,6 @@ func preciseSeeds(t *testing.T) []uint64 {
 		}
 		return []uint64{v}
 	}
-	n := 12
 	if s := os.Getenv("RSM_E2E_SEEDS"); s != "" {
 		v, err := strconv.Atoi(s)
 		if err != nil || v < 1 {
@@ -145,6 +157,9 @@ func (tot *preciseTotals) table() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "precision over %d allocated and %d delta queries (truly changed: %s allocated, %s delta in 4 KiB blocks; %s and %s byte-exact)\n",
 		tot.queries[0], tot.queries[1], preciseMiB(tot.truth[0]), preciseMiB(tot.truth[1]), preciseMiB(tot.exact[0]), preciseMiB(tot.exact[1]))
+	if tot.checksummed > 0 {
+		fmt.Fprintf(&b, "precise mode: %d object queries answered by checksums (the pool refuses mapext)\n", tot.checksummed)
+	}
 	fmt.Fprintf(&b, "| mode | Allocated reported | ratio | Delta reported | ratio | missed bytes | time |\n|---|---|---|---|---|---|---|\n")
 	for _, m := range preciseModes {
 		x := tot.modes[m.name]
@@ -168,13 +183,20 @@ type preciseImage struct {
 }
 
 type preciseWorkload struct {
-	t      *testing.T
-	ioctx  *rados.IOContext
-	rng    *rand.Rand
-	log    []string
-	images []*preciseImage // parents first; the last is the one checked
-	ns     string          // the images' RADOS namespace
-	header uint64          // the last image's LUKS header: not user data
+	t     *testing.T
+	ioctx *rados.IOContext
+	// dataPool, when set, is the data pool of every image made (Ceph-CSI's
+	// dataPool); secrets, when set, the secrets of queries (default: the
+	// test cluster's admin, preciseSecrets); clusterID, when set, the
+	// cluster ID of queries (default rsm-e2e; rsm-e2e-ns1 for an ioctx in
+	// namespace ns1).
+	dataPool  string
+	secrets   map[string]string
+	clusterID string
+	rng       *rand.Rand
+	log       []string
+	images    []*preciseImage // parents first; the last is the one checked
+	header    uint64          // the last image's LUKS header: not user data
 }
 
 func newPreciseWorkload(t *testing.T, ioctx *rados.IOContext, seed uint64) *preciseWorkload {
@@ -197,6 +219,11 @@ func (w *preciseWorkload) create(parent *preciseImage) *preciseImage {
 	opts := imageOptions(t, parent != nil)
 	if err := opts.SetUint64(rbd.ImageOptionOrder, order); err != nil {
 		t.Fatal(err)
+	}
+	if w.dataPool != "" {
+		if err := opts.SetString(rbd.ImageOptionDataPool, w.dataPool); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if parent == nil {
 		p.size = uint64(6+w.rng.IntN(6)) * 4 * mib
@@ -339,11 +366,16 @@ type preciseExtent struct{ off, len int64 }
 func (w *preciseWorkload) query(src *rsm.Source, p *preciseImage, base, target string, mode string) ([]preciseExtent, time.Duration, rsm.PreciseStats) {
 	t := w.t
 	t.Helper()
-	id := func(s string) string { return "rsm-e2e/" + pool + "/" + w.ns + "/" + p.name + "@" + s }
-	if w.ns == "" {
-		id = func(s string) string { return "rsm-e2e/" + pool + "/" + p.name + "@" + s }
+	cid := w.clusterID
+	if cid == "" {
+		cid = "rsm-e2e"
 	}
-	req := rsm.Request{Target: id(target), Secrets: preciseSecrets(t)}
+	id := func(s string) string { return cid + "/" + pool + "/" + p.name + "@" + s }
+	secrets := w.secrets
+	if secrets == nil {
+		secrets = preciseSecrets(t)
+	}
+	req := rsm.Request{Target: id(target), Secrets: secrets}
 	if base != "" {
 		req.Base = id(base)
 	}
@@ -416,6 +448,9 @@ func (w *preciseWorkload) check(srcs map[string]*rsm.Source, tot *preciseTotals)
 				t.Errorf("%s: %d changed bytes not reported, the first at %d (truth %d bytes in 4 KiB blocks); reported %v", what, missed, first, blocks, got)
 			}
 			if m.opts.Precise {
+				if m.name == "precise" {
+					tot.checksummed += st.Checksummed
+				}
 				if st.Unrefined != "" || st.Fallbacks != 0 {
 					t.Errorf("%s: not refined: %+v", what, st)
 				}
@@ -587,8 +622,12 @@ func TestPreciseFallsBackAndStops(t *testing.T) {
 func TestPreciseCost(t *testing.T) {
 	conn := connectAdmin(t)
 	ioctx := openIOContext(t, conn, pool, "")
-	srcs := preciseSources(t)
-	w := newPreciseWorkload(t, ioctx, 7)
+	preciseCost(t, newPreciseWorkload(t, ioctx, 7), preciseSources(t))
+}
+
+// preciseCost is TestPreciseCost on w's cluster, with w's data pool.
+func preciseCost(t *testing.T, w *preciseWorkload, srcs map[string]*rsm.Source) {
+	ioctx := w.ioctx
 	var b strings.Builder
 	fmt.Fprintf(&b, "| image | query | truly changed | mode | reported | ratio | time |\n|---|---|---|---|---|---|---|\n")
 	measure := func(label string, p *preciseImage, base string, truth int64) {
@@ -624,7 +663,7 @@ func TestPreciseCost(t *testing.T) {
 	}
 
 	// 4 GiB, 1024 objects: 4 KiB in 64 objects, then in 64 others.
-	p := newCostImage(t, ioctx, "precise-cost", 4096*mib)
+	p := newCostImage(t, ioctx, "precise-cost", 4096*mib, w.dataPool)
 	for i := uint64(0); i < 128; i++ {
 		if i == 64 {
 			w.snap(p)
@@ -636,7 +675,7 @@ func TestPreciseCost(t *testing.T) {
 	measure("4 GiB, 128 objects changed", p, "s1", 64*4096)
 
 	// 256 MiB written in full, then 4 KiB in each of its 64 objects.
-	p = newCostImage(t, ioctx, "precise-dense", 256*mib)
+	p = newCostImage(t, ioctx, "precise-dense", 256*mib, w.dataPool)
 	for off := uint64(0); off < p.size; off += p.objSize {
 		write(p, off, p.objSize)
 	}
@@ -650,7 +689,7 @@ func TestPreciseCost(t *testing.T) {
 
 	// The worst case for candidates by existence: everything allocated,
 	// one object changed.
-	p = newCostImage(t, ioctx, "precise-dense-one", 512*mib)
+	p = newCostImage(t, ioctx, "precise-dense-one", 512*mib, w.dataPool)
 	for off := uint64(0); off < p.size; off += p.objSize {
 		write(p, off, p.objSize)
 	}
@@ -662,11 +701,18 @@ func TestPreciseCost(t *testing.T) {
 }
 
 // newCostImage creates an open image of 4 MiB objects for TestPreciseCost,
-// closed and removed when the test ends.
-func newCostImage(t *testing.T, ioctx *rados.IOContext, prefix string, size uint64) *preciseImage {
+// with its data in dataPool when set, closed and removed when the test
+// ends.
+func newCostImage(t *testing.T, ioctx *rados.IOContext, prefix string, size uint64, dataPool string) *preciseImage {
 	t.Helper()
 	p := &preciseImage{name: uniqueName(t, prefix), objSize: 4 * mib, size: size}
-	if err := rbd.CreateImage(ioctx, p.name, p.size, imageOptions(t, false)); err != nil {
+	opts := imageOptions(t, false)
+	if dataPool != "" {
+		if err := opts.SetString(rbd.ImageOptionDataPool, dataPool); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := rbd.CreateImage(ioctx, p.name, p.size, opts); err != nil {
 		t.Fatal(err)
 	}
 	removeImageOnCleanup(t, ioctx, p.name)

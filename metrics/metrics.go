@@ -20,14 +20,15 @@ type Metrics struct {
 	// Registry holds the collectors, for the /metrics handler.
 	Registry *prometheus.Registry
 
-	rpcs     *prometheus.CounterVec
-	duration *prometheus.HistogramVec
-	inFlight *prometheus.GaugeVec
-	tuples   *prometheus.CounterVec
-	bytes    *prometheus.CounterVec
-	diff     *prometheus.HistogramVec
-	refined  *prometheus.CounterVec
-	fallback *prometheus.CounterVec
+	rpcs        *prometheus.CounterVec
+	duration    *prometheus.HistogramVec
+	inFlight    *prometheus.GaugeVec
+	tuples      *prometheus.CounterVec
+	bytes       *prometheus.CounterVec
+	diff        *prometheus.HistogramVec
+	refined     *prometheus.CounterVec
+	checksummed *prometheus.CounterVec
+	fallback    *prometheus.CounterVec
 }
 
 // New makes the metrics. conns, when not nil, reports the number of cached
@@ -65,12 +66,16 @@ func New(conns func() float64) *Metrics {
 			Namespace: namespace, Name: "precise_objects_total",
 			Help: "Objects that precise mode refined.",
 		}, []string{"method"}),
+		checksummed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "precise_checksum_queries_total",
+			Help: "Object queries precise mode answered from per-4 KiB checksums, which make the OSDs read the data, because the pool refused mapext (an erasure-coded data pool).",
+		}, []string{"method"}),
 		fallback: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "precise_fallbacks_total",
 			Help: "Precise mode's fallbacks to librbd's coarser answer, by scope (image: a whole stream got the exact diff; object: one object was reported whole) and reason.",
 		}, []string{"method", "scope", "reason"}),
 	}
-	m.Registry.MustRegister(m.rpcs, m.duration, m.inFlight, m.tuples, m.bytes, m.diff, m.refined, m.fallback,
+	m.Registry.MustRegister(m.rpcs, m.duration, m.inFlight, m.tuples, m.bytes, m.diff, m.refined, m.checksummed, m.fallback,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if conns != nil {
 		m.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -120,6 +125,9 @@ func (m *Metrics) Refined(method string, r driver.Refinement) {
 		return
 	}
 	m.refined.WithLabelValues(method).Add(float64(r.Objects))
+	if r.Checksummed > 0 {
+		m.checksummed.WithLabelValues(method).Add(float64(r.Checksummed))
+	}
 	if r.ImageFallback != "" {
 		m.fallback.WithLabelValues(method, "image", r.ImageFallback).Inc()
 	}

@@ -19,15 +19,18 @@ package rbd
 //     both cases, and list_snaps then decides exactly. Objects whose
 //     parent data the target lost (the parent overlap shrank) and those a
 //     shrink between the snapshots cut off are refined in either case;
-//  2. refinement: each candidate is refined with RADOS queries on
-//     rbd_data.<image id>.<object number>: list_snaps (existence, size and
-//     clone overlap per snapshot) and mapext (allocated extents at a
-//     snapshot, without data), up to preciseWindow objects at once, by the
-//     rules of precise_rules.go; a clone's object that does not exist takes
-//     its parent's extents at the parent snapshot, within the overlap, up
-//     the chain; where a clone's object may hold a copy of its parent's
-//     data, per-chunk hashes computed by the OSD tell the copy from the
-//     change (precise_copyup.go);
+//  2. refinement: each candidate is refined with RADOS queries on its
+//     data object (<block name prefix>.<object number>, in the image's
+//     data pool when it has one, in the image's namespace): list_snaps
+//     (existence, size and clone overlap per snapshot) and mapext
+//     (allocated extents at a snapshot, without data), up to
+//     preciseWindow objects at once, by the rules of precise_rules.go; a
+//     clone's object that does not exist takes its parent's extents at the
+//     parent snapshot, within the overlap, up the chain. An erasure-coded
+//     data pool refuses mapext: there the extents come from per-4 KiB
+//     checksums instead (precise_extents.go). Where a clone's object may
+//     hold a copy of its parent's data, the same checksums tell the copy
+//     from the change (precise_copyup.go);
 //  3. delivery: refined extents reach Iterate's callback in image order,
 //     through a bounded window (precise_pipeline.go), with the same
 //     guarantees as the other modes.
@@ -35,10 +38,10 @@ package rbd
 // Refinement falls back to librbd's answer whenever it cannot be trusted:
 // per object, on any error, to the candidate's whole-object extent; per
 // image, to librbd's exact diff, when the image (or a parent) stripes
-// objects in a non-default way, keeps its data in a separate data pool
-// (erasure-coded pools are only ever data pools), or looks encrypted by
-// librbd (a LUKS header without Ceph-CSI's encryption metadata). mapext
-// returns no data, so a dense object costs no more than a sparse one.
+// objects in a non-default way or looks encrypted by librbd (a LUKS header
+// without Ceph-CSI's encryption metadata). mapext returns no data, so a
+// dense object costs no more than a sparse one; checksums cost the OSD a
+// read of the object.
 
 import (
 	"bytes"
@@ -77,8 +80,11 @@ type PreciseStats struct {
 	// reported whole because refining failed, FallbackReasons those by
 	// Reason; LastFallback is the error of the last of these.
 	Objects, Fallbacks int64
-	FallbackReasons    map[string]int64
-	LastFallback       string
+	// Checksummed counts the object queries answered by checksums
+	// because the pool refused mapext (an erasure-coded data pool).
+	Checksummed     int64
+	FallbackReasons map[string]int64
+	LastFallback    string
 }
 
 // Reasons why precise mode fell back, short enough for a metric label:
@@ -86,7 +92,6 @@ type PreciseStats struct {
 // whole-object extent).
 const (
 	ReasonStriping   = "striping"    // image: non-default striping
-	ReasonDataPool   = "data-pool"   // image: a separate data pool
 	ReasonEncrypted  = "encrypted"   // image: librbd-level encryption
 	ReasonCloneDepth = "clone-depth" // image: a clone chain too deep
 	ReasonError      = "error"       // image or object: a query failed
@@ -142,17 +147,24 @@ type refiner struct {
 	existence bool
 
 	ioctxs []*rados.IOContext
+	// queries has one dataQuery per data pool, by name.
+	queries map[string]*dataQuery
+	// dataPools has the data pool of each image with one, by pool,
+	// namespace and image ID: the base and target layers share it.
+	dataPools map[[3]string]string
 
-	objects, fallbacks atomic.Int64
-	mu                 sync.Mutex
-	lastFallback       string
-	reasons            map[string]int64
+	objects, fallbacks, summed atomic.Int64
+	mu                         sync.Mutex
+	lastFallback               string
+	reasons                    map[string]int64
 }
 
 // layer is an image at one snapshot, as precise mode reads it: an object
 // that does not exist there reads from the parent layer within overlap.
 type layer struct {
-	ioctx     *rados.IOContext // read snapshot set to the layer's snapshot
+	ioctx     *rados.IOContext // the data pool, reading at the layer's snapshot
+	pool      string           // the data pool's name: the image's pool, or its data pool
+	data      *dataQuery       // how the data pool says where data lies
 	prefix    string           // the image's block name prefix
 	oldFormat bool             // a format 1 image
 	objSize   int64
@@ -255,7 +267,7 @@ func (r *refiner) open(d *Diff) error {
 		}
 		r.existence = features&librbd.FeatureFastDiff != 0
 	}
-	if r.dir, err = r.ioctx(conn, t.pool, t.namespace, snapDir); err != nil {
+	if r.dir, err = r.ioctx(conn, r.top.pool, t.namespace, snapDir); err != nil {
 		return err
 	}
 	return nil
@@ -295,22 +307,27 @@ func (r *refiner) layer(conn *rados.Conn, pool, ns string, img *librbd.Image, sn
 	if st.Obj_size == 0 || su == 0 || st.Obj_size%su != 0 || sc != 1 {
 		return nil, unrefinable{ReasonStriping, fmt.Sprintf("non-default striping (object size %d, stripe unit %d, stripe count %d)", st.Obj_size, su, sc)}
 	}
-	ioctx, err := r.ioctx(conn, pool, ns, snap)
-	if err != nil {
-		return nil, err
-	}
 	features, err := img.GetFeatures()
 	if err != nil {
 		return nil, wrap("get features", err)
 	}
+	dataPool := pool
 	if features&librbd.FeatureDataPool != 0 {
-		return nil, unrefinable{ReasonDataPool, "image data in a separate data pool, possibly erasure-coded"}
+		// Ceph-CSI's dataPool: the header here, the data objects in
+		// the data pool (nearly always erasure-coded), same namespace.
+		if dataPool, err = r.dataPool(conn, pool, ns, img); err != nil {
+			return nil, err
+		}
+	}
+	ioctx, err := r.ioctx(conn, dataPool, ns, snap)
+	if err != nil {
+		return nil, err
 	}
 	old, err := img.IsOldFormat()
 	if err != nil {
 		return nil, wrap("get image format", err)
 	}
-	l := &layer{ioctx: ioctx, prefix: st.Block_name_prefix, oldFormat: old, objSize: int64(st.Obj_size)}
+	l := &layer{ioctx: ioctx, pool: dataPool, data: r.query(dataPool), prefix: st.Block_name_prefix, oldFormat: old, objSize: int64(st.Obj_size)}
 
 	parent, err := img.GetParent()
 	if errors.Is(err, librbd.ErrNotFound) {
@@ -349,6 +366,50 @@ func (r *refiner) layer(conn *rados.Conn, pool, ns string, img *librbd.Image, sn
 	}
 	l.overlap = int64(overlap)
 	return l, nil
+}
+
+// dataPool returns the name of the data pool of img, in pool and ns.
+func (r *refiner) dataPool(conn *rados.Conn, pool, ns string, img *librbd.Image) (string, error) {
+	imageID, err := img.GetId()
+	if err != nil {
+		return "", wrap("get image id", err)
+	}
+	key := [3]string{pool, ns, imageID}
+	if name, ok := r.dataPools[key]; ok {
+		return name, nil
+	}
+	hio, err := conn.OpenIOContext(pool)
+	if err != nil {
+		return "", wrap("open pool "+pool, err)
+	}
+	hio.SetNamespace(ns)
+	id, err := dataPoolID(hio, imageID)
+	hio.Destroy()
+	if err != nil {
+		return "", wrap("get data pool", err)
+	}
+	name, err := conn.GetPoolByID(id)
+	if err != nil {
+		return "", wrap(fmt.Sprintf("look up data pool %d", id), err)
+	}
+	if r.dataPools == nil {
+		r.dataPools = map[[3]string]string{}
+	}
+	r.dataPools[key] = name
+	return name, nil
+}
+
+// query returns the dataQuery of pool, made on first use.
+func (r *refiner) query(pool string) *dataQuery {
+	if r.queries == nil {
+		r.queries = map[string]*dataQuery{}
+	}
+	q := r.queries[pool]
+	if q == nil {
+		q = &dataQuery{summed: &r.summed}
+		r.queries[pool] = q
+	}
+	return q
 }
 
 // close destroys the refiner's ioctxs. Iterate, which holds the Diff's
@@ -413,7 +474,7 @@ func (r *refiner) stats() PreciseStats {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	st := PreciseStats{On: true, Unrefined: r.unrefined, UnrefinedReason: r.reason,
-		Objects: r.objects.Load(), Fallbacks: r.fallbacks.Load(), LastFallback: r.lastFallback,
+		Objects: r.objects.Load(), Fallbacks: r.fallbacks.Load(), Checksummed: r.summed.Load(), LastFallback: r.lastFallback,
 		FallbackReasons: maps.Clone(r.reasons)}
 	if r.usable() && r.base != nil {
 		st.Candidates = "object map"
@@ -449,7 +510,7 @@ func (r *refiner) allocated(ctx context.Context, c candidate) ([]span, error) {
 func (l *layer) view(ctx context.Context, off, end int64) ([]span, error) {
 	var out []span
 	err := l.eachObject(ctx, off, end, func(o, oe, base int64, name string) error {
-		ext, err := mapext(l.ioctx, name, o-base, oe-o)
+		ext, err := l.data.extents(l.ioctx, name, o-base, oe-o, -1)
 		switch {
 		case isNoEnt(err):
 			p, err := l.parentView(ctx, o, oe)
@@ -458,11 +519,12 @@ func (l *layer) view(ctx context.Context, off, end int64) ([]span, error) {
 			}
 			out = append(out, p...)
 		case err != nil:
-			return reasoned{ReasonMapext, fmt.Errorf("mapext %s: %w", name, err)}
+			return err
 		default:
 			ext = clip(shift(ext, base), o, oe)
-			if l.underParent(base) && spanBytes(ext) > copyUpDense {
-				// Maybe copied up densely: leave its zeros out.
+			if l.underParent(base) && !l.data.noMapext.Load() && spanBytes(ext) > copyUpDense {
+				// Maybe copied up densely: leave its zeros out (checksums
+				// already did, where the pool refuses mapext).
 				if ext, err = l.withoutZeros(ctx, ext); err != nil {
 					return err
 				}
@@ -531,14 +593,20 @@ func (r *refiner) delta(ctx context.Context, c candidate) ([]span, error) {
 		n.own1, n.own2 = true, true
 	}
 	var own1, own2, parent1, parent2 []span
+	// Where the object grew or shrank, only [min, max) of its two sizes
+	// is read: the overlap diff answers below.
+	lo := int64(0)
+	if od.exists1 && od.exists2 && !holes {
+		lo = min(od.size1, od.size2)
+	}
 	if n.own1 {
-		if own1, err = mapext(r.base.ioctx, name, 0, size); err != nil {
-			return nil, reasoned{ReasonMapext, fmt.Errorf("mapext %s at snapshot %d: %w", name, r.s1, err)}
+		if own1, err = r.base.data.extents(r.base.ioctx, name, lo, size-lo, od.size1); err != nil {
+			return nil, fmt.Errorf("at snapshot %d: %w", r.s1, err)
 		}
 	}
 	if n.own2 {
-		if own2, err = mapext(r.top.ioctx, name, 0, size); err != nil {
-			return nil, reasoned{ReasonMapext, fmt.Errorf("mapext %s at snapshot %d: %w", name, r.s2, err)}
+		if own2, err = r.top.data.extents(r.top.ioctx, name, lo, size-lo, od.size2); err != nil {
+			return nil, fmt.Errorf("at snapshot %d: %w", r.s2, err)
 		}
 	}
 	if n.parent1 {

@@ -27,23 +27,19 @@ package rbd
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"syscall"
 
-	"github.com/cespare/xxhash/v2"
+	"github.com/ceph/go-ceph/rados"
 )
 
 const (
-	// preciseChunk is the granularity at which copied-up data is told
-	// from changed data.
-	preciseChunk = 4096
 	// copyUpDense is the allocated size above which an Allocated object of
 	// a clone is hashed to find copied-up zeros: sparse copy-ups and small
 	// writes are already exact.
 	copyUpDense = 64 << 10
 )
-
-// zeroSum is the hash of a chunk of zeros: what a hole hashes to.
-var zeroSum = xxhash.Sum64(make([]byte, preciseChunk))
 
 // chunkSum is the hash of one chunk of an image's content; ok is false
 // where it cannot be had.
@@ -53,11 +49,11 @@ type chunkSum struct {
 }
 
 // sums returns the hash of each chunk of the layer's content in [off, end),
-// image offsets that are multiples of preciseChunk within one of the
+// image offsets that are multiples of dataChunk within one of the
 // layer's objects or across several: its own object where it exists (zeros
 // beyond the object's size), else the parent's content within the overlap.
 func (l *layer) sums(ctx context.Context, off, end int64) ([]chunkSum, error) {
-	out := make([]chunkSum, 0, (end-off)/preciseChunk)
+	out := make([]chunkSum, 0, (end-off)/dataChunk)
 	err := l.eachObject(ctx, off, end, func(o, oe, base int64, name string) error {
 		size, s, err := chunkSums(l.ioctx, name, o-base, oe-o)
 		switch {
@@ -70,7 +66,7 @@ func (l *layer) sums(ctx context.Context, off, end int64) ([]chunkSum, error) {
 		case err != nil:
 			return reasoned{ReasonChecksum, fmt.Errorf("checksum %s: %w", name, err)}
 		default:
-			for i, c := 0, o; c < oe; i, c = i+1, c+preciseChunk {
+			for i, c := 0, o; c < oe; i, c = i+1, c+dataChunk {
 				switch {
 				case i < len(s):
 					out = append(out, chunkSum{s[i], true})
@@ -89,10 +85,10 @@ func (l *layer) sums(ctx context.Context, off, end int64) ([]chunkSum, error) {
 // parentSums returns the hashes of what the layer reads from its parent
 // chain in [off, end): zeros beyond the overlap.
 func (l *layer) parentSums(ctx context.Context, off, end int64) ([]chunkSum, error) {
-	out := make([]chunkSum, 0, (end-off)/preciseChunk)
+	out := make([]chunkSum, 0, (end-off)/dataChunk)
 	under := off // the whole chunks below the overlap end here
 	if l.parent != nil && l.overlap > off {
-		under = min(end, l.overlap-(l.overlap-off)%preciseChunk)
+		under = min(end, l.overlap-(l.overlap-off)%dataChunk)
 		if under > off {
 			p, err := l.parent.sums(ctx, off, under)
 			if err != nil {
@@ -101,7 +97,7 @@ func (l *layer) parentSums(ctx context.Context, off, end int64) ([]chunkSum, err
 			out = append(out, p...)
 		}
 	}
-	for c := under; c < end; c += preciseChunk {
+	for c := under; c < end; c += dataChunk {
 		if l.parent != nil && c < l.overlap { // the chunk the overlap ends in
 			out = append(out, chunkSum{})
 		} else {
@@ -111,11 +107,32 @@ func (l *layer) parentSums(ctx context.Context, off, end int64) ([]chunkSum, err
 	return out, nil
 }
 
+// chunkSums returns the size of object oid at ioctx's read snapshot and
+// the hash of each dataChunk of its data in [off, off+length), multiples
+// of dataChunk, that lies whole within that size, in order. A missing
+// object is radosErr(-ENOENT).
+func chunkSums(ioctx *rados.IOContext, oid string, off, length int64) (int64, []uint64, error) {
+	st, err := ioctx.Stat(oid)
+	if errors.Is(err, rados.ErrNotFound) {
+		return 0, nil, radosErr(-int(syscall.ENOENT))
+	}
+	if err != nil {
+		return 0, nil, err
+	}
+	size := int64(st.Size)
+	end := min(off+length, size-size%dataChunk)
+	if off >= end {
+		return size, nil, nil
+	}
+	s, err := checksums(ioctx, oid, off, end-off, dataChunk)
+	return size, s, err
+}
+
 // chunkEnvelope returns the chunk-aligned range that holds every span of
 // s (normalized, not empty).
 func chunkEnvelope(s []span) (lo, hi int64) {
-	lo = s[0].off - s[0].off%preciseChunk
-	hi = (s[len(s)-1].end() + preciseChunk - 1) / preciseChunk * preciseChunk
+	lo = s[0].off - s[0].off%dataChunk
+	hi = (s[len(s)-1].end() + dataChunk - 1) / dataChunk * dataChunk
 	return lo, hi
 }
 
@@ -135,9 +152,9 @@ func (l *layer) withoutZeros(ctx context.Context, ext []span) ([]span, error) {
 func keepChunks(s []span, lo int64, keep func(int) bool) []span {
 	var out []span
 	for _, e := range s {
-		for c := e.off - (e.off-lo)%preciseChunk; c < e.end(); c += preciseChunk {
-			if keep(int((c - lo) / preciseChunk)) {
-				out = append(out, clip([]span{e}, c, c+preciseChunk)...)
+		for c := e.off - (e.off-lo)%dataChunk; c < e.end(); c += dataChunk {
+			if keep(int((c - lo) / dataChunk)) {
+				out = append(out, clip([]span{e}, c, c+dataChunk)...)
 			}
 		}
 	}

@@ -9,7 +9,7 @@ import (
 // TestKeepChunks: the parts of the spans in kept chunks, cut at chunk
 // boundaries, merged again where neighbours are both kept.
 func TestKeepChunks(t *testing.T) {
-	const c = preciseChunk
+	const c = dataChunk
 	for _, tc := range []struct {
 		name string
 		in   []span
@@ -56,7 +56,7 @@ func TestKeepChunks(t *testing.T) {
 
 // TestChunkEnvelope: the envelope is chunk aligned and holds every span.
 func TestChunkEnvelope(t *testing.T) {
-	const c = preciseChunk
+	const c = dataChunk
 	for _, tc := range []struct {
 		in     []span
 		lo, hi int64

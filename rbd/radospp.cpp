@@ -88,46 +88,36 @@ extern "C" int rsm_mapext(rados_ioctx_t io, const char *oid, uint64_t off, uint6
   }
 }
 
-extern "C" int rsm_chunk_sums(rados_ioctx_t io, const char *oid, uint64_t off, uint64_t len, uint64_t chunk,
-                              uint64_t **out, size_t *n) {
+extern "C" int rsm_checksum(rados_ioctx_t io, const char *oid, uint64_t off, uint64_t len, uint64_t chunk,
+                            uint64_t **out, size_t *n) {
   try {
-    if (chunk == 0 || off % chunk != 0 || len % chunk != 0) {
-      return -EINVAL;
-    }
     librados::IoCtx ioctx;
     librados::IoCtx::from_rados_ioctx_t(io, ioctx);
-    uint64_t size = 0;
-    time_t mtime;
-    int r = ioctx.stat(oid, &size, &mtime);
+    librados::bufferlist seed, sums;
+    const uint64_t zero = 0;
+    seed.append(reinterpret_cast<const char *>(&zero), sizeof(zero));
+    int rv = 0;
+    librados::ObjectReadOperation op;
+    op.checksum(LIBRADOS_CHECKSUM_TYPE_XXHASH64, seed, off, len, chunk, &sums, &rv);
+    int r = ioctx.operate(oid, &op, nullptr);
     if (r < 0) {
       return r;
     }
-    std::vector<uint64_t> w{size};
-    uint64_t whole = size - size % chunk;  // the object's last whole chunk ends here
-    uint64_t end = off + len < whole ? off + len : whole;
-    if (off < end) {
-      librados::bufferlist seed, bl;
-      uint64_t zero = 0;
-      seed.append(reinterpret_cast<const char *>(&zero), sizeof(zero));
-      r = ioctx.checksum(oid, LIBRADOS_CHECKSUM_TYPE_XXHASH64, seed, end - off, off, chunk, &bl);
-      if (r < 0) {
-        return r;
-      }
-      // The answer: a little-endian 32-bit count, then that many 64-bit sums.
-      uint64_t count = (end - off) / chunk;
-      uint32_t got = 0;
-      if (bl.length() != 4 + 8 * count) {
-        return -EIO;
-      }
-      bl.begin().copy(4, reinterpret_cast<char *>(&got));
-      if (got != count) {
-        return -EIO;
-      }
-      std::vector<uint64_t> sums(count);
-      auto it = bl.begin(4);
-      it.copy(8 * count, reinterpret_cast<char *>(sums.data()));
-      w.insert(w.end(), sums.begin(), sums.end());
+    if (rv < 0) {
+      return rv;
     }
+    // The answer: a little-endian uint32 count, then count uint64 values.
+    uint32_t count = 0;
+    if (sums.length() < sizeof(count)) {
+      return -EIO;
+    }
+    auto it = sums.cbegin();
+    it.copy(sizeof(count), reinterpret_cast<char *>(&count));
+    if (sums.length() != sizeof(count) + uint64_t(count) * sizeof(uint64_t)) {
+      return -EIO;
+    }
+    std::vector<uint64_t> w(count);
+    it.copy(count * sizeof(uint64_t), reinterpret_cast<char *>(w.data()));
     return hand(w, out, n);
   } catch (const std::bad_alloc &) {
     return -ENOMEM;

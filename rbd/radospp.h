@@ -39,15 +39,15 @@ int rsm_list_snaps(rados_ioctx_t io, const char *oid, uint64_t **out, size_t *n)
 int rsm_mapext(rados_ioctx_t io, const char *oid, uint64_t off, uint64_t len, uint64_t **out, size_t *n);
 
 /*
- * rsm_chunk_sums: the object's size and the xxhash64 (seed 0) of each
- * chunk-sized chunk of its data in [off, off+len), at the ioctx's read
- * snapshot, computed by the OSD (the object's data never travels):
- *   size, then one sum per whole chunk that lies within both [off, off+len)
- *   and the object's size, in order.
- * off and len must be multiples of chunk. Holes read as zeros.
+ * rsm_checksum: ObjectReadOperation::checksum, xxhash64 with seed 0 of each
+ * chunk-byte chunk of [off, off+len) at the ioctx's read snapshot: *n
+ * hashes, in order. The OSD computes them from the data, which never
+ * travels; it answers -EINVAL when len is not a multiple of chunk, or when
+ * the range runs past the object's end and what is left is not. Erasure-
+ * coded pools answer it (reef 18.2.7), unlike mapext.
  */
-int rsm_chunk_sums(rados_ioctx_t io, const char *oid, uint64_t off, uint64_t len, uint64_t chunk,
-                   uint64_t **out, size_t *n);
+int rsm_checksum(rados_ioctx_t io, const char *oid, uint64_t off, uint64_t len, uint64_t chunk,
+                 uint64_t **out, size_t *n);
 
 /*
  * rsm_silence_cerr: std::cerr writes nothing from now on. librados logs to

@@ -38,6 +38,7 @@ func (d diff) Refinement() driver.Refinement {
 		On:                  st.On,
 		Candidates:          st.Candidates,
 		Objects:             st.Objects,
+		Checksummed:         st.Checksummed,
 		ImageFallback:       st.UnrefinedReason,
 		ImageFallbackDetail: st.Unrefined,
 		ObjectFallbacks:     st.FallbackReasons,

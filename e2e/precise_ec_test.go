@@ -1,0 +1,141 @@
+//go:build e2e
+
+package e2e
+
+// Precise mode on images whose data lives in an erasure-coded data pool
+// (Ceph-CSI's dataPool StorageClass parameter): the header in the
+// replicated pool rbd, the data objects in an EC pool, k=2 m=1 over 3 OSDs
+// with failure domain osd and allow_ec_overwrites. The main test cluster
+// has one OSD, so this test starts its own (15-25 s), and runs 3 seeds
+// by default to keep the suite's time: 35-180 s in all with 4, as seeds and
+// the machine's load vary.
+//
+//	./dev.sh e2e -run TestPreciseOracleECDataPool -v
+//	RSM_E2E_SEEDS=40 ./dev.sh e2e -run TestPreciseOracleECDataPool
+//	RSM_E2E_EC_COST=1 ./dev.sh e2e -run TestPreciseOracleECDataPool/cost -v
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ceph/go-ceph/rbd"
+
+	rsm "github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd"
+)
+
+// ecPool is the EC data pool of startECCluster's cluster.
+const ecPool = "rbd-ec"
+
+// startECCluster starts a cluster of 3 OSDs with the EC data pool ecPool
+// on 127.0.0.1, its ports in 17500..18499 (with-cluster.sh's clusters use
+// 16500..17499).
+func startECCluster(t *testing.T) *extraCluster {
+	t.Helper()
+	free := func(p int) bool {
+		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+		if err != nil {
+			return false
+		}
+		l.Close()
+		return true
+	}
+	for b := 17500; b < 18500; b += 100 {
+		if free(b) && free(b+1) && free(b+10) {
+			return startExtraCluster(t, "127.0.0.1", b, b, b+1, "RSM_CEPH_OSDS=3", "RSM_CEPH_EC_POOL="+ecPool, "RSM_CEPH_NAMESPACE=ns1")
+		}
+	}
+	t.Fatal("no free port block on 127.0.0.1 among 17500..18400")
+	return nil
+}
+
+// TestPreciseOracleECDataPool runs the random histories of
+// TestPreciseOracle on images (and clones) with an EC data pool: every
+// mode against the byte oracle, 0 missed bytes, and precise mode refining
+// every object without a fallback, from checksums since the EC pool
+// refuses mapext. Every other seed runs in RBD namespace ns1, whose data
+// objects share that namespace in the data pool. With RSM_E2E_EC_COST set, subtest cost runs
+// TestPreciseCost's images there too (about a minute more).
+func TestPreciseOracleECDataPool(t *testing.T) {
+	c := startECCluster(t)
+	conn := connectTo(t, c.env["CEPH_MON_HOST"], c.env["CEPH_USER"], c.env["CEPH_KEY"])
+	ioctx := openIOContext(t, conn, pool, "")
+	nsIoctx := openIOContext(t, conn, pool, namespace)
+	srcs := preciseSourcesIn(t, c.dir)
+	secrets := map[string]string{rsm.SecretUserID: c.env["CEPH_USER"], rsm.SecretUserKey: c.env["CEPH_KEY"]}
+	tot := newPreciseTotals()
+	t.Run("cost", func(t *testing.T) {
+		if os.Getenv("RSM_E2E_EC_COST") == "" {
+			t.Skip("set RSM_E2E_EC_COST=1 to measure")
+		}
+		w := newPreciseWorkload(t, ioctx, 7)
+		w.dataPool, w.secrets = ecPool, secrets
+		preciseCost(t, w, srcs)
+	})
+	t.Run("reported", func(t *testing.T) {
+		// The server binary names the checksum queries in the stream's
+		// -v=2 line and in /metrics, and falls back nowhere.
+		addr := freeTCPAddr(t)
+		srv := startServer(t, "--clusterconfig", c.dir+"/csi-config.json", "--metrics-address="+addr)
+		srv.hide = append(srv.hide, c.env["CEPH_KEY"], c.env["CEPH_CSI_KEY"])
+		name := uniqueName(t, "precise-ec")
+		p := newCostImage(t, ioctx, name, 64*mib, ecPool)
+		writeAt(t, p.img, 5*mib, 64*preciseKiB)
+		snapshot(t, p.img, "s1")
+		writeAt(t, p.img, 20*mib, 4*preciseKiB)
+		snapshot(t, p.img, "s2")
+		id := func(snap string) string { return "rsm-e2e/" + pool + "/" + p.name + "@" + snap }
+		m := srv.get(t, metaReq{base: id("s1"), target: id("s2"), secrets: secrets})
+		if m.err != nil {
+			t.Fatal(m.err)
+		}
+		var got []span
+		for _, pg := range m.pages {
+			got = append(got, pg.tuples...)
+		}
+		if want := []span{{Offset: 20 * int64(mib), Length: 4 * preciseKiB}}; fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("Delta: %v, want %v", got, want)
+		}
+		for deadline := time.Now().Add(10 * time.Second); !strings.Contains(srv.log(), `"Stream finished"`) && time.Now().Before(deadline); {
+			time.Sleep(50 * time.Millisecond)
+		}
+		if log := srv.log(); !strings.Contains(log, `checksummedQueries=`) || strings.Contains(log, `objectFallbacks=`) {
+			t.Errorf("the -v=2 log lacks checksummedQueries or has fallbacks:\n%s", tail(log, 20))
+		}
+		body := scrape(t, addr)
+		if v, ok := metricValue(body, `rbd_snapshot_metadata_precise_checksum_queries_total{method="GetMetadataDelta"}`); !ok || v < 1 {
+			t.Errorf("/metrics: checksum queries %v (present %v), want at least 1", v, ok)
+		}
+		if strings.Contains(body, `rbd_snapshot_metadata_precise_fallbacks_total{`) {
+			t.Errorf("/metrics: precise fallbacks:\n%s", body)
+		}
+	})
+	for i, seed := range preciseSeedsOr(t, 3) {
+		io, ns, cid := ioctx, "", "rsm-e2e"
+		if i%2 == 1 {
+			io, ns, cid = nsIoctx, namespace, clusterIDNS
+		}
+		t.Run(fmt.Sprintf("seed=%d%s", seed, map[bool]string{true: ",ns=" + ns}[ns != ""]), func(t *testing.T) {
+			w := newPreciseWorkload(t, io, seed)
+			w.dataPool, w.secrets, w.clusterID = ecPool, secrets, cid
+			w.run()
+			for _, p := range w.images {
+				if f, err := p.img.GetFeatures(); err != nil || f&rbd.FeatureDataPool == 0 {
+					t.Fatalf("%s: features %#x, %v: want a data pool", p.name, f, err)
+				}
+			}
+			w.check(srcs, tot)
+			if t.Failed() {
+				t.Logf("replay with RSM_E2E_SEED=%d; history:\n%s", seed, strings.Join(w.log, "\n"))
+			}
+		})
+	}
+	if tot.checksummed == 0 {
+		t.Errorf("precise mode refined no object from checksums: did the EC pool answer mapext?")
+	}
+	t.Log("\n" + tot.table())
+}
