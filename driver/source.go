@@ -75,7 +75,8 @@ type Refinement struct {
 	// otherwise.
 	On bool
 	// Candidates says where a delta's candidate objects came from
-	// ("existence" or "object map"); empty for Allocated.
+	// ("existence" or "object map"), or "walk" when every object was one
+	// (no usable object map; Allocated too); otherwise empty.
 	Candidates string
 	// Objects counts the objects refined.
 	Objects int64

@@ -19,6 +19,14 @@ package rbd
 //     both cases, and list_snaps then decides exactly. Objects whose
 //     parent data the target lost (the parent overlap shrank) and those a
 //     shrink between the snapshots cut off are refined in either case;
+//     An image without a usable object map (no fast-diff, as Ceph-CSI's
+//     and Rook's example StorageClasses make them, or a map flagged
+//     invalid) has no cheap stage 1: librbd's whole-object diff would run
+//     list_snaps on every object, one at a time. There every object of
+//     the range is a candidate instead (refiner.walk, pipeline.walk),
+//     refined preciseWalkWindow at a time; one that exists at neither
+//     snapshot costs one list_snaps (ENOENT) and yields nothing, unless
+//     the target lost parent data there;
 //  2. refinement: each candidate is refined with RADOS queries on
 //     rbd_data.<image id>.<object number>: list_snaps (existence, size and
 //     clone overlap per snapshot) and mapext (allocated extents at a
@@ -56,6 +64,10 @@ const (
 	// preciseWindow is how many objects are refined at once: each holds
 	// an OS thread in a synchronous librados call for about 0.1-0.3 ms.
 	preciseWindow = 16
+	// preciseWalkWindow is the same when every object is a candidate
+	// (refiner.walk): most answer ENOENT or need one list_snaps, so more
+	// in flight keep the OSD busy; maxRefining still bounds the process.
+	preciseWalkWindow = 32
 	// maxParentDepth bounds the clone chain precise mode follows.
 	maxParentDepth = 16
 )
@@ -65,7 +77,9 @@ type PreciseStats struct {
 	// On is set when precise mode was asked for.
 	On bool
 	// Candidates says where a delta's candidates come from: "existence"
-	// or "object map" (see the package comment); empty otherwise.
+	// or "object map" (see the package comment), or "walk" for every
+	// object of an image without a usable object map (allocated too);
+	// empty otherwise.
 	Candidates string
 	// Unrefined says why the Diff runs librbd's exact diff instead of
 	// precise mode, UnrefinedReason the same as one of the Reason
@@ -137,6 +151,12 @@ type refiner struct {
 	// existence: a delta's candidates are the objects that exist at s1
 	// or s2 (see the package comment), not the object map's dirty ones.
 	existence bool
+	// walk: the image has no usable object map (no fast-diff, or a map
+	// flagged invalid), so librbd's whole-object diff would run
+	// list_snaps on every object, one at a time. Every object is a
+	// candidate instead, walked by the pipeline preciseWalkWindow at a
+	// time (see pipeline.walk).
+	walk bool
 
 	ioctxs []*rados.IOContext
 
@@ -177,6 +197,9 @@ func (u unrefinable) Error() string { return u.msg }
 
 // usable reports whether Iterate refines; false for a nil refiner.
 func (r *refiner) usable() bool { return r != nil && r.unrefined == "" }
+
+// walks reports whether Iterate walks every object (refiner.walk).
+func (r *refiner) walks() bool { return r.usable() && r.walk }
 
 // byExistence reports whether Iterate takes a delta's candidates from
 // object existence.
@@ -225,6 +248,11 @@ func (r *refiner) open(d *Diff) error {
 	if r.top, err = r.layer(conn, t.pool, t.namespace, d.image, t.snapID, 0); err != nil {
 		return err
 	}
+	if !d.librbdWalk {
+		if r.walk, err = d.noObjectMap(); err != nil {
+			return err
+		}
+	}
 	if d.base == nil {
 		return nil
 	}
@@ -243,7 +271,7 @@ func (r *refiner) open(d *Diff) error {
 	if ov1, ov2 := r.base.overlap, r.top.overlap; ov2 < ov1 {
 		r.lostParent = span{ov2, min(ov1, d.capacity+d.header) - ov2}
 	}
-	if !d.trustObjectMap {
+	if !d.trustObjectMap && !r.walk {
 		// Without fast-diff, librbd's whole-object diff runs list_snaps on
 		// every object: exact already, and existence would only cost more.
 		features, err := d.image.GetFeatures()
@@ -369,6 +397,13 @@ func (r *refiner) pipeline(ctx context.Context, off, length uint64, existing []s
 		refine = r.delta
 	}
 	skipGone := r.base == nil || r.existence // gone at s2: a candidate only if it existed at s1
+	if r.walk {
+		if r.base != nil {
+			refine = r.walkDelta
+		}
+		// Every object is a candidate: nothing to force.
+		return newPipeline(ctx, r.top.objSize, preciseWalkWindow, skipGone, refine, emit, r.fellBack)
+	}
 	p := newPipeline(ctx, r.top.objSize, preciseWindow, skipGone, refine, emit, r.fellBack)
 	p.forced = forcedRanges(r.top.objSize, int64(off), int64(off+length), append([]span{r.shrunk, r.lostParent}, existing...))
 	return p
@@ -417,6 +452,9 @@ func (r *refiner) stats() PreciseStats {
 		if r.existence {
 			st.Candidates = "existence"
 		}
+	}
+	if r.usable() && r.walk {
+		st.Candidates = "walk"
 	}
 	return st
 }
@@ -481,6 +519,19 @@ func (l *layer) parentView(ctx context.Context, off, end int64) ([]span, error) 
 
 // delta refines a delta candidate by the rules of deltaSpans.
 func (r *refiner) delta(ctx context.Context, c candidate) ([]span, error) {
+	return r.deltaObject(ctx, c, false)
+}
+
+// walkDelta refines a delta candidate of the walk, where every object is
+// one: an object that the image itself has at neither snapshot (most
+// answer ENOENT to list_snaps) changed nowhere, since where it is absent
+// the image reads its parent's snapshot, which does not change, except
+// where the target lost parent data (r.lostParent).
+func (r *refiner) walkDelta(ctx context.Context, c candidate) ([]span, error) {
+	return r.deltaObject(ctx, c, true)
+}
+
+func (r *refiner) deltaObject(ctx context.Context, c candidate, walk bool) ([]span, error) {
 	r.objects.Add(1)
 	size := r.top.objSize
 	objno := c.off / size
@@ -500,6 +551,9 @@ func (r *refiner) delta(ctx context.Context, c candidate) ([]span, error) {
 	od, err := diffSnapSet(ss, r.s1, r.s2)
 	if err != nil {
 		return nil, reasoned{ReasonSnapSet, fmt.Errorf("object %s: %w", name, err)}
+	}
+	if walk && !od.exists1 && !od.exists2 && !r.lostParent.overlaps(span{base, size}) {
+		return nil, nil
 	}
 	n := od.needs()
 	var own1, own2, parent1, parent2 []span

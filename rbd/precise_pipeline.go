@@ -120,6 +120,26 @@ func (p *pipeline) feed(off, length uint64, exists int, _ any) (ret int) {
 	return 0
 }
 
+// walk makes every object of the raw range [off, end) a candidate, in
+// image order, instead of librbd's whole-object diff naming them: for an
+// image without a usable object map, where librbd would run list_snaps on
+// each object itself, one at a time. The window bounds memory and the
+// queries in flight as for feed; it returns once the range is walked or
+// the pipeline stopped (finish says why).
+func (p *pipeline) walk(off, end int64) {
+	for o := off; o < end && !p.stopped; {
+		if err := p.ctx.Err(); err != nil {
+			p.stop(err)
+			return
+		}
+		oe := min(end, (o/p.objSize+1)*p.objSize)
+		if !p.add(candidate{off: o, len: oe - o, exists: true}) {
+			return
+		}
+		o = oe
+	}
+}
+
 // add starts c once the window has room.
 func (p *pipeline) add(c candidate) bool {
 	if !p.deliver(len(p.window) >= p.max) {

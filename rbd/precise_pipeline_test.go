@@ -333,3 +333,61 @@ func TestPipelineExistence(t *testing.T) {
 		t.Errorf("got  %v\nwant %v", got, want)
 	}
 }
+
+// TestPipelineWalk: the walk makes every object of the range a candidate,
+// from an offset inside an object, in image order, with the window bounding
+// the jobs in flight; an object refined to nothing yields nothing; a
+// cancel stops it with the context's error.
+func TestPipelineWalk(t *testing.T) {
+	var inFlight, peak, fellBack atomic.Int64
+	inner := fakeRefine(map[int64]bool{9: true}, &inFlight, &peak)
+	refine := func(ctx context.Context, c candidate) ([]span, error) {
+		if (c.off/100)%5 == 0 { // absent at both snapshots
+			return nil, nil
+		}
+		return inner(ctx, c)
+	}
+	var got []span
+	p := newPipeline(context.Background(), 100, 6, false, refine, func(off, length uint64, _ int, _ any) int {
+		got = append(got, span{int64(off), int64(length)})
+		return 0
+	}, func(error) { fellBack.Add(1) })
+	p.walk(250, 4030)
+	if err := p.finish(nil); err != nil {
+		t.Fatal(err)
+	}
+	want := []span{{250, 12}} // the candidate [250, 300), refined to its quarter
+	for i := int64(3); i <= 40; i++ {
+		switch {
+		case i%5 == 0:
+		case i == 9:
+			want = append(want, span{900, 100})
+		case i == 40:
+			want = append(want, span{4000, 7})
+		default:
+			want = append(want, span{i * 100, 25})
+		}
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("got  %v\nwant %v", got, want)
+	}
+	if peak.Load() > 6 {
+		t.Errorf("%d jobs at once, window 6", peak.Load())
+	}
+	if fellBack.Load() != 1 {
+		t.Errorf("%d fallbacks, want 1", fellBack.Load())
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	n := 0
+	p = newPipeline(ctx, 100, 4, false, refine, func(uint64, uint64, int, any) int {
+		if n++; n == 3 {
+			cancel()
+		}
+		return 0
+	}, func(error) {})
+	p.walk(0, 1<<40)
+	if err := p.finish(nil); !errors.Is(err, context.Canceled) {
+		t.Errorf("after a cancel: %v, want context.Canceled", err)
+	}
+}

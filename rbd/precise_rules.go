@@ -16,6 +16,11 @@ type span struct{ off, len int64 }
 
 func (s span) end() int64 { return s.off + s.len }
 
+// overlaps reports whether s and t share a byte.
+func (s span) overlaps(t span) bool {
+	return s.len > 0 && t.len > 0 && s.off < t.end() && t.off < s.end()
+}
+
 // normalize sorts spans, drops empty ones and merges overlapping or
 // adjacent ones, in place.
 func normalize(s []span) []span {

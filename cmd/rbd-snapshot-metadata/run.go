@@ -40,6 +40,7 @@ func run(args []string) int {
 		blockType   = fs.String("block-metadata-type", "VARIABLE_LENGTH", "VARIABLE_LENGTH or FIXED_LENGTH")
 		blockSize   = fs.Int64("fixed-block-size", 1<<20, "tuple size in bytes for FIXED_LENGTH")
 		precision   = fs.String("precision", "precise", "precise: the bytes that changed (object map, then RADOS queries per changed object); exact: librbd's per-extent diff; object: whole RADOS objects (fast with fast-diff)")
+		walk        = fs.Bool("precise-walk", true, "precise mode lists the objects of an image without a usable object map (no fast-diff) itself, 32 at a time; false leaves that walk to librbd, one object at a time (see README, Performance)")
 		trustOM     = fs.Bool("trust-object-map", false, "precise deltas take candidates from the object map's dirty bits: faster, but misses changes after rbd snap rollback and on copy-on-read clones (see README, Precision)")
 		mountTO     = fs.Duration("ceph-connect-timeout", rbd.DefaultMountTimeout, "how long connecting to the monitors may take (librados client_mount_timeout)")
 		opTO        = fs.Duration("ceph-op-timeout", rbd.DefaultOpTimeout, "librados monitor and OSD operation timeout")
@@ -86,6 +87,7 @@ func run(args []string) int {
 		WholeObject:    wholeObject,
 		Precise:        precise,
 		TrustObjectMap: *trustOM,
+		LibrbdWalk:     !*walk,
 	})
 	defer src.Close()
 	m := metrics.New(func() float64 { return float64(src.Stats().Conns) })
