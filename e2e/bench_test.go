@@ -185,8 +185,13 @@ func benchStriped(t testing.TB, conn *rados.Conn, sets uint64) (v rbdVolume, fro
 // objects before each of its snapshots s1 and s2, through rbd import-diff.
 // It returns the bytes that changed from s1 to s2.
 func benchSparse(t testing.TB, conn *rados.Conn, size uint64, writes int) (v rbdVolume, from, to uint64, truth []span) {
+	return benchSparseWith(t, conn, size, writes, imageFeatures)
+}
+
+// benchSparseWith is benchSparse on an image with the given features.
+func benchSparseWith(t testing.TB, conn *rados.Conn, size uint64, writes int, features uint64) (v rbdVolume, from, to uint64, truth []span) {
 	t.Helper()
-	v, img := createVolume(t, conn, "", "bench-sparse", size, imageFeatures)
+	v, img := createVolume(t, conn, "", "bench-sparse", size, features)
 	img.Close() // rbd import-diff takes the exclusive lock
 	rng := rand.New(rand.NewPCG(6, 2024))
 	objects := size / objSize
@@ -820,4 +825,72 @@ func benchTargets(rep *benchReport, sc benchScale, exact []*benchMode) {
 		v0.firstPct(), f0.firstPct(), v128.firstPct(), f128.firstPct(), note, met(fp < 5))
 	rv, rf := v0.rate()/v128.rate(), f0.rate()/f128.rate()
 	rep.printf("- max_results 0 ≥ 2× the throughput of 128: VARIABLE %.2f×, FIXED %.2f× — %s\n", rv, rf, met(min(rv, rf) >= 2))
+}
+
+// TestBenchNoFastDiff times a Delta of the sparse image made with
+// layering only (Ceph-CSI's and Rook's example StorageClasses: no object
+// map), where librbd's diff lists every object one at a time: exact mode,
+// precise mode leaving that walk to librbd (--precise-walk=false, the old
+// path) and precise mode walking the objects itself (the default). The
+// modes run round by round, interleaved, so that load from elsewhere falls
+// on all alike; it prints medians, their ratios and the load average.
+func TestBenchNoFastDiff(t *testing.T) {
+	if os.Getenv("RSM_BENCH") != "1" {
+		t.Skip("the benchmark runs with RSM_BENCH=1 (e2e/run-bench.sh, ./dev.sh bench)")
+	}
+	sc := benchScaleFromEnv(t)
+	conn := connectAdmin(t)
+	loadavg := func() string {
+		b, _ := os.ReadFile("/proc/loadavg")
+		return strings.Join(strings.Fields(string(b))[:3], " ")
+	}
+	t0 := time.Now()
+	v, _, _, truth := benchSparseWith(t, conn, sc.sparseSize, sc.writes, rbd.FeatureLayering)
+	t.Logf("layering-only image set up in %v", time.Since(t0).Round(time.Millisecond))
+	req := client.Request{Base: v.id("s1"), Target: v.id("s2"), Secrets: csiSecrets(t)}
+	modes := []*benchMode{
+		benchServerMode(t, "exact", req, nil, "--precision=exact"),
+		benchServerMode(t, "precise, librbd's walk (--precise-walk=false)", req, nil, "--precision=precise", "--precise-walk=false"),
+		benchServerMode(t, "precise, own walk (default)", req, nil, "--precision=precise"),
+	}
+	reported := make([]int64, len(modes))
+	for i, m := range modes {
+		r := m.run(t, true) // warm, and check
+		reported[i] = r.bytes
+		if miss := totalBytes(uncovered(truth, mergeSpans(r.tuples))); miss > 0 {
+			t.Errorf("%s missed %d of the %d changed bytes", m.name, miss, totalBytes(truth))
+		}
+	}
+	before := loadavg()
+	for range sc.runs {
+		for _, m := range modes {
+			m.runs = append(m.runs, m.run(t, false))
+		}
+	}
+	after := loadavg()
+	var rep benchReport
+	rep.printf("\nWithout fast-diff: Delta of a %s layering-only image (%d objects), %s truly changed (%d × 4 KiB writes); median of %d interleaved runs; %d CPUs, load average %s before, %s after\n\n",
+		fmtBytes(int64(sc.sparseSize)), sc.sparseSize/objSize, fmtBytes(totalBytes(truth)), len(truth), sc.runs, runtime.NumCPU(), before, after)
+	rep.printf("| mode | median | runs | reported | × truly changed | own walk faster by |\n|---|---:|---|---:|---:|---:|\n")
+	walk := modes[len(modes)-1].median().total
+	for i, m := range modes {
+		var ds []string
+		for _, r := range m.runs {
+			ds = append(ds, fmtDur(r.total))
+		}
+		med := m.median().total
+		rep.printf("| %s | %s | %s | %s | %.1f× | %.1f× |\n", m.name, fmtDur(med), strings.Join(ds, ", "), fmtBytes(reported[i]),
+			float64(reported[i])/float64(totalBytes(truth)), float64(med)/float64(walk))
+	}
+	fmt.Print(rep.b.String() + "\n")
+	if out := os.Getenv("RSM_BENCH_OUT"); out != "" {
+		f, err := os.OpenFile(out, os.O_APPEND|os.O_WRONLY, 0o644)
+		if err == nil {
+			_, err = f.WriteString(rep.b.String())
+			f.Close()
+		}
+		if err != nil {
+			t.Errorf("write %s: %v", out, err)
+		}
+	}
 }

@@ -52,6 +52,9 @@ var preciseModes = []struct {
 	{"exact", rsm.Options{}, ""},
 	{"precise", rsm.Options{Precise: true}, ""},
 	{"precise-trusted", rsm.Options{Precise: true, TrustObjectMap: true}, "README, Precision: --trust-object-map (rollback, copy-on-read)"},
+	// Without an object map (TestPreciseOracleLayering) precise mode walks
+	// every object itself; this is the walk left to librbd instead.
+	{"precise-librbd-walk", rsm.Options{Precise: true, LibrbdWalk: true}, ""},
 }
 
 // preciseTally sums one mode over many queries.
@@ -114,7 +117,14 @@ func preciseSeeds(t *testing.T) []uint64 {
 
 // TestPreciseOracle runs random histories and checks every mode against
 // the byte oracle; precise mode must miss nothing and fall back nowhere.
-func TestPreciseOracle(t *testing.T) {
+func TestPreciseOracle(t *testing.T) { testPreciseOracle(t, imageFeatures) }
+
+// TestPreciseOracleLayering is TestPreciseOracle on images with layering
+// only, as Ceph-CSI's and Rook's example StorageClasses make them: no object
+// map, so precise mode walks every object itself (Candidates "walk").
+func TestPreciseOracleLayering(t *testing.T) { testPreciseOracle(t, rbd.FeatureLayering) }
+
+func testPreciseOracle(t *testing.T, features uint64) {
 	conn := connectAdmin(t)
 	ioctx := openIOContext(t, conn, pool, "")
 	srcs := preciseSources(t)
@@ -122,6 +132,8 @@ func TestPreciseOracle(t *testing.T) {
 	for _, seed := range preciseSeeds(t) {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
 			w := newPreciseWorkload(t, ioctx, seed)
+			w.features = features
+			w.walks = features&rbd.FeatureFastDiff == 0
 			w.run()
 			w.check(srcs, tot)
 			if t.Failed() {
@@ -173,6 +185,11 @@ type preciseWorkload struct {
 	rng    *rand.Rand
 	log    []string
 	images []*preciseImage // parents first; the last is the one checked
+	// features of the images it creates; imageFeatures when zero.
+	features uint64
+	// walks: the checked image has no usable object map, so precise mode
+	// must walk its objects itself (PreciseStats.Candidates "walk").
+	walks bool
 }
 
 func newPreciseWorkload(t *testing.T, ioctx *rados.IOContext, seed uint64) *preciseWorkload {
@@ -195,6 +212,11 @@ func (w *preciseWorkload) create(parent *preciseImage) *preciseImage {
 	opts := imageOptions(t, parent != nil)
 	if err := opts.SetUint64(rbd.ImageOptionOrder, order); err != nil {
 		t.Fatal(err)
+	}
+	if w.features != 0 {
+		if err := opts.SetUint64(rbd.ImageOptionFeatures, w.features); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if parent == nil {
 		p.size = uint64(6+w.rng.IntN(6)) * 4 * mib
@@ -412,6 +434,10 @@ func (w *preciseWorkload) check(srcs map[string]*rsm.Source, tot *preciseTotals)
 			if m.opts.Precise {
 				if st.Unrefined != "" || st.Fallbacks != 0 {
 					t.Errorf("%s: not refined: %+v", what, st)
+				}
+				walked := st.Candidates == "walk"
+				if want := w.walks && !m.opts.LibrbdWalk; walked != want {
+					t.Errorf("%s: candidates %q, want the walk: %v", what, st.Candidates, want)
 				}
 				if reported > 0 && st.Objects == 0 {
 					t.Errorf("%s: reported %d bytes but refined no object", what, reported)

@@ -1,5 +1,6 @@
 #!/bin/bash
-# The performance benchmark (./dev.sh bench): TestBench (e2e/bench_test.go)
+# The performance benchmark (./dev.sh bench): TestBench and TestBenchNoFastDiff
+# (e2e/bench_test.go)
 # against a fresh throwaway cluster (with-cluster.sh), with the server
 # binary; it prints its tables.
 #
@@ -25,4 +26,4 @@ fi
 timeout=15m
 [ "${RSM_BENCH_SCALE:-ci}" = ci ] || timeout=90m
 exec "$HERE/with-cluster.sh" go test -tags pacific,e2e -count=1 -timeout "$timeout" -exec "$HERE/exec.sh" \
-  -run '^TestBench$' -v ./e2e/ "$@"
+  -run '^TestBench' -v ./e2e/ "$@"
