@@ -68,6 +68,12 @@ const (
 	// (refiner.walk): most answer ENOENT or need one list_snaps, so more
 	// in flight keep the OSD busy; maxRefining still bounds the process.
 	preciseWalkWindow = 32
+	// walkBatch is how many objects one candidate of a delta's walk
+	// holds: their list_snaps go out together (rsm_list_snaps_batch, one
+	// cgo call and one OS thread), and walkDeltaWindow candidates run at
+	// once: walkBatch*walkDeltaWindow list_snaps in flight.
+	walkBatch       = 16
+	walkDeltaWindow = 2
 	// maxParentDepth bounds the clone chain precise mode follows.
 	maxParentDepth = 16
 )
@@ -398,11 +404,12 @@ func (r *refiner) pipeline(ctx context.Context, off, length uint64, existing []s
 	}
 	skipGone := r.base == nil || r.existence // gone at s2: a candidate only if it existed at s1
 	if r.walk {
-		if r.base != nil {
-			refine = r.walkDelta
-		}
 		// Every object is a candidate: nothing to force.
-		return newPipeline(ctx, r.top.objSize, preciseWalkWindow, skipGone, refine, emit, r.fellBack)
+		p := newPipeline(ctx, r.top.objSize, preciseWalkWindow, skipGone, refine, emit, r.fellBack)
+		if r.base != nil {
+			p.refine, p.batch, p.max = r.walkDelta, walkBatch, walkDeltaWindow
+		}
+		return p
 	}
 	p := newPipeline(ctx, r.top.objSize, preciseWindow, skipGone, refine, emit, r.fellBack)
 	p.forced = forcedRanges(r.top.objSize, int64(off), int64(off+length), append([]span{r.shrunk, r.lostParent}, existing...))
@@ -519,25 +526,56 @@ func (l *layer) parentView(ctx context.Context, off, end int64) ([]span, error) 
 
 // delta refines a delta candidate by the rules of deltaSpans.
 func (r *refiner) delta(ctx context.Context, c candidate) ([]span, error) {
-	return r.deltaObject(ctx, c, false)
-}
-
-// walkDelta refines a delta candidate of the walk, where every object is
-// one: an object that the image itself has at neither snapshot (most
-// answer ENOENT to list_snaps) changed nowhere, since where it is absent
-// the image reads its parent's snapshot, which does not change, except
-// where the target lost parent data (r.lostParent).
-func (r *refiner) walkDelta(ctx context.Context, c candidate) ([]span, error) {
-	return r.deltaObject(ctx, c, true)
-}
-
-func (r *refiner) deltaObject(ctx context.Context, c candidate, walk bool) ([]span, error) {
 	r.objects.Add(1)
-	size := r.top.objSize
-	objno := c.off / size
-	base := objno * size
+	objno := c.off / r.top.objSize
 	name := r.top.object(objno)
 	ss, err := listSnaps(r.dir, name)
+	return r.deltaOf(ctx, objno, name, ss, err, false)
+}
+
+// walkDelta refines a delta candidate of the walk: up to walkBatch whole
+// objects, whose snap sets one rsm_list_snaps_batch call asks for all at
+// once. An object that the image itself has at neither snapshot (most
+// answer ENOENT) changed nowhere, since where it is absent the image reads
+// its parent's snapshot, which does not change, except where the target
+// lost parent data (r.lostParent). An object whose refinement fails falls
+// back to its whole extent, alone; a timeout fails the candidate.
+func (r *refiner) walkDelta(ctx context.Context, c candidate) ([]span, error) {
+	size := r.top.objSize
+	first, last := c.off/size, (c.off+c.len-1)/size
+	names := make([]string, 0, last-first+1)
+	for o := first; o <= last; o++ {
+		names = append(names, r.top.object(o))
+	}
+	sss, errs, err := listSnapsBatch(r.dir, names)
+	if err != nil {
+		return nil, reasoned{ReasonListSnaps, fmt.Errorf("list_snaps %s and %d more: %w", names[0], len(names)-1, err)}
+	}
+	r.objects.Add(int64(len(names)))
+	var out []span
+	for i, name := range names {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		objno := first + int64(i)
+		s, err := r.deltaOf(ctx, objno, name, sss[i], errs[i], true)
+		if err != nil {
+			if isTimeout(err) || ctx.Err() != nil {
+				return nil, err
+			}
+			r.fellBack(classify(err))
+			s = []span{{objno * size, size}}
+		}
+		out = append(out, s...)
+	}
+	return out, nil
+}
+
+// deltaOf refines object objno, named name, from its snap set ss (or the
+// error of list_snaps); walk: as walkDelta says.
+func (r *refiner) deltaOf(ctx context.Context, objno int64, name string, ss snapSet, err error, walk bool) ([]span, error) {
+	size := r.top.objSize
+	base := objno * size
 	switch {
 	case isNoEnt(err):
 		// No version at all, so none at s1 or s2 (one that existed at a

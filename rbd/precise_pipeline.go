@@ -46,6 +46,7 @@ type pipeline struct {
 	objSize  int64
 	skipGone bool // allocated: candidates that do not exist hold no data
 	max      int
+	batch    int // objects per candidate of walk; 0 or 1: one
 	refine   func(context.Context, candidate) ([]span, error)
 	emit     librbd.DiffIterateCallback
 	fellBack func(error) // counts a fallback
@@ -132,7 +133,7 @@ func (p *pipeline) walk(off, end int64) {
 			p.stop(err)
 			return
 		}
-		oe := min(end, (o/p.objSize+1)*p.objSize)
+		oe := min(end, (o/p.objSize+int64(max(p.batch, 1)))*p.objSize)
 		if !p.add(candidate{off: o, len: oe - o, exists: true}) {
 			return
 		}
@@ -257,7 +258,7 @@ func (p *pipeline) run(c candidate) ([]span, error) {
 		// Only a timeout stops: EOPNOTSUPP, also UNAVAILABLE to the
 		// client, is what an erasure-coded pool may answer to a query
 		// that a replicated one serves, and that object falls back.
-		if err = classify(err); errors.Is(err, os.ErrDeadlineExceeded) && errnoOf(err) != int(syscall.EOPNOTSUPP) {
+		if err = classify(err); isTimeout(err) {
 			return nil, fmt.Errorf("refine the changes at %d+%d: %w", c.off, c.len, err)
 		}
 		p.fellBack(err)
@@ -287,4 +288,11 @@ func (p *pipeline) finish(err error) error {
 		return p.err
 	}
 	return err
+}
+
+// isTimeout reports whether err says the cluster did not answer in time,
+// which stops a pipeline (see pipeline) rather than fall back.
+func isTimeout(err error) bool {
+	err = classify(err)
+	return errors.Is(err, os.ErrDeadlineExceeded) && errnoOf(err) != int(syscall.EOPNOTSUPP)
 }

@@ -19,6 +19,23 @@
 
 namespace {
 
+// flatten appends the snap set in rsm_list_snaps' form to w.
+void flatten(const librados::snap_set_t &ss, std::vector<uint64_t> &w) {
+  w.push_back(ss.seq);
+  w.push_back(ss.clones.size());
+  for (const auto &c : ss.clones) {
+    w.push_back(c.cloneid);
+    w.push_back(c.size);
+    w.push_back(c.snaps.size());
+    w.insert(w.end(), c.snaps.begin(), c.snaps.end());
+    w.push_back(c.overlap.size());
+    for (const auto &o : c.overlap) {
+      w.push_back(o.first);
+      w.push_back(o.second);
+    }
+  }
+}
+
 // hand moves words into a malloc'd array owned by the caller.
 int hand(const std::vector<uint64_t> &words, uint64_t **out, size_t *n) {
   uint64_t *buf = static_cast<uint64_t *>(std::malloc((words.size() + 1) * sizeof(uint64_t)));
@@ -44,18 +61,8 @@ extern "C" int rsm_list_snaps(rados_ioctx_t io, const char *oid, uint64_t **out,
     if (r < 0) {
       return r;
     }
-    std::vector<uint64_t> w{ss.seq, ss.clones.size()};
-    for (const auto &c : ss.clones) {
-      w.push_back(c.cloneid);
-      w.push_back(c.size);
-      w.push_back(c.snaps.size());
-      w.insert(w.end(), c.snaps.begin(), c.snaps.end());
-      w.push_back(c.overlap.size());
-      for (const auto &o : c.overlap) {
-        w.push_back(o.first);
-        w.push_back(o.second);
-      }
-    }
+    std::vector<uint64_t> w;
+    flatten(ss, w);
     return hand(w, out, n);
   } catch (const std::bad_alloc &) {
     return -ENOMEM;
@@ -78,6 +85,65 @@ extern "C" int rsm_mapext(rados_ioctx_t io, const char *oid, uint64_t off, uint6
     for (const auto &e : m) {
       w.push_back(e.first);
       w.push_back(e.second);
+    }
+    return hand(w, out, n);
+  } catch (const std::bad_alloc &) {
+    return -ENOMEM;
+  } catch (...) {
+    return -EIO;
+  }
+}
+
+extern "C" int rsm_list_snaps_batch(rados_ioctx_t io, const char *const *oids, size_t count, uint64_t **out, size_t *n) {
+  try {
+    librados::IoCtx ioctx;
+    librados::IoCtx::from_rados_ioctx_t(io, ioctx);
+    struct query {
+      librados::ObjectReadOperation op;
+      librados::snap_set_t ss;
+      int rval = 0;
+      librados::AioCompletion *c = nullptr;
+    };
+    std::vector<query> qs(count);
+    int r = 0;
+    size_t started = 0;
+    for (; started < count; started++) {
+      query &q = qs[started];
+      q.op.list_snaps(&q.ss, &q.rval);
+      q.c = librados::Rados::aio_create_completion();
+      r = ioctx.aio_operate(oids[started], q.c, &q.op, nullptr);
+      if (r < 0) {
+        q.c->release();
+        q.c = nullptr;
+        break;
+      }
+    }
+    // Wait for every query started, even after a failure: their
+    // operations point into qs.
+    std::vector<uint64_t> w;
+    for (size_t i = 0; i < started; i++) {
+      query &q = qs[i];
+      q.c->wait_for_complete();
+      int rc = q.c->get_return_value();
+      q.c->release();
+      if (rc == 0) {
+        rc = q.rval;
+      }
+      if (r < 0) {
+        continue;
+      }
+      w.push_back(static_cast<uint64_t>(static_cast<int64_t>(rc)));
+      if (rc < 0) {
+        w.push_back(0);
+        continue;
+      }
+      size_t at = w.size();
+      w.push_back(0);
+      flatten(q.ss, w);
+      w[at] = w.size() - at - 1;
+    }
+    if (r < 0) {
+      return r;
     }
     return hand(w, out, n);
   } catch (const std::bad_alloc &) {
