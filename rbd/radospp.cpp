@@ -95,45 +95,63 @@ extern "C" int rsm_mapext(rados_ioctx_t io, const char *oid, uint64_t off, uint6
 }
 
 extern "C" int rsm_list_snaps_batch(rados_ioctx_t io, const char *const *oids, size_t count, uint64_t **out, size_t *n) {
+  struct query {
+    librados::ObjectReadOperation op;
+    librados::snap_set_t ss;
+    int rval = 0;
+    librados::AioCompletion *c = nullptr;
+  };
+  std::vector<query> qs;
+  librados::IoCtx ioctx;
   try {
-    librados::IoCtx ioctx;
     librados::IoCtx::from_rados_ioctx_t(io, ioctx);
-    struct query {
-      librados::ObjectReadOperation op;
-      librados::snap_set_t ss;
-      int rval = 0;
-      librados::AioCompletion *c = nullptr;
-    };
-    std::vector<query> qs(count);
-    int r = 0;
-    size_t started = 0;
-    for (; started < count; started++) {
-      query &q = qs[started];
+    qs.resize(count);
+  } catch (const std::bad_alloc &) {
+    return -ENOMEM;
+  } catch (...) {
+    return -EIO;
+  }
+  // Start every query; once one is in flight, nothing may leave this
+  // function before it completed, since its operation points into qs.
+  int r = 0;
+  size_t started = 0;
+  for (; started < count; started++) {
+    query &q = qs[started];
+    try {
       q.op.list_snaps(&q.ss, &q.rval);
       q.c = librados::Rados::aio_create_completion();
       r = ioctx.aio_operate(oids[started], q.c, &q.op, nullptr);
-      if (r < 0) {
+    } catch (const std::bad_alloc &) {
+      r = -ENOMEM;
+    } catch (...) {
+      r = -EIO;
+    }
+    if (r < 0) {
+      if (q.c != nullptr) {
         q.c->release();
         q.c = nullptr;
-        break;
       }
+      break;
     }
-    // Wait for every query started, even after a failure: their
-    // operations point into qs.
+  }
+  for (size_t i = 0; i < started; i++) {
+    query &q = qs[i];
+    q.c->wait_for_complete();
+    int rc = q.c->get_return_value();
+    q.c->release();
+    q.c = nullptr;
+    if (rc < 0) {
+      q.rval = rc;
+    }
+  }
+  if (r < 0) {
+    return r;
+  }
+  try {
     std::vector<uint64_t> w;
-    for (size_t i = 0; i < started; i++) {
-      query &q = qs[i];
-      q.c->wait_for_complete();
-      int rc = q.c->get_return_value();
-      q.c->release();
-      if (rc == 0) {
-        rc = q.rval;
-      }
-      if (r < 0) {
-        continue;
-      }
-      w.push_back(static_cast<uint64_t>(static_cast<int64_t>(rc)));
-      if (rc < 0) {
+    for (query &q : qs) {
+      w.push_back(static_cast<uint64_t>(static_cast<int64_t>(q.rval)));
+      if (q.rval < 0) {
         w.push_back(0);
         continue;
       }
@@ -141,9 +159,6 @@ extern "C" int rsm_list_snaps_batch(rados_ioctx_t io, const char *const *oids, s
       w.push_back(0);
       flatten(q.ss, w);
       w[at] = w.size() - at - 1;
-    }
-    if (r < 0) {
-      return r;
     }
     return hand(w, out, n);
   } catch (const std::bad_alloc &) {
