@@ -54,7 +54,12 @@ var preciseModes = []struct {
 	{"precise-trusted", rsm.Options{Precise: true, TrustObjectMap: true}, "README, Precision: --trust-object-map (rollback, copy-on-read)"},
 	// Without an object map (TestPreciseOracleLayering) precise mode walks
 	// every object itself; this is the walk left to librbd instead.
-	{"precise-librbd-walk", rsm.Options{Precise: true, LibrbdWalk: true}, ""},
+	{"precise-librbd-walk", rsm.Options{Precise: true, Walk: rsm.WalkLibrbd}, ""},
+	// ... and precise mode's own walk, both ways: listing the pool's
+	// objects, and probing every object number (the default chooses by
+	// the pool's size).
+	{"precise-list", rsm.Options{Precise: true, Walk: rsm.WalkList}, ""},
+	{"precise-probe", rsm.Options{Precise: true, Walk: rsm.WalkProbe}, ""},
 }
 
 // preciseTally sums one mode over many queries.
@@ -187,6 +192,8 @@ type preciseWorkload struct {
 	images []*preciseImage // parents first; the last is the one checked
 	// features of the images it creates; imageFeatures when zero.
 	features uint64
+	// ns is ioctx's namespace, for the snapshot IDs.
+	ns string
 	// walks: the checked image has no usable object map, so precise mode
 	// must walk its objects itself (PreciseStats.Candidates "walk").
 	walks bool
@@ -358,7 +365,11 @@ type preciseExtent struct{ off, len int64 }
 func (w *preciseWorkload) query(src *rsm.Source, p *preciseImage, base, target string, mode string) ([]preciseExtent, time.Duration, rsm.PreciseStats) {
 	t := w.t
 	t.Helper()
-	id := func(s string) string { return "rsm-e2e/" + pool + "/" + p.name + "@" + s }
+	img := pool + "/" + p.name
+	if w.ns != "" {
+		img = pool + "/" + w.ns + "/" + p.name
+	}
+	id := func(s string) string { return "rsm-e2e/" + img + "@" + s }
 	req := rsm.Request{Target: id(target), Secrets: preciseSecrets(t)}
 	if base != "" {
 		req.Base = id(base)
@@ -435,9 +446,12 @@ func (w *preciseWorkload) check(srcs map[string]*rsm.Source, tot *preciseTotals)
 				if st.Unrefined != "" || st.Fallbacks != 0 {
 					t.Errorf("%s: not refined: %+v", what, st)
 				}
-				walked := st.Candidates == "walk"
-				if want := w.walks && !m.opts.LibrbdWalk; walked != want {
+				walked := st.Candidates == "walk" || st.Candidates == "listing"
+				if want := w.walks && m.opts.Walk != rsm.WalkLibrbd; walked != want {
 					t.Errorf("%s: candidates %q, want the walk: %v", what, st.Candidates, want)
+				}
+				if want := map[string]string{rsm.WalkList: "listing", rsm.WalkProbe: "walk"}[m.opts.Walk]; w.walks && want != "" && st.Candidates != want {
+					t.Errorf("%s: candidates %q, want %q", what, st.Candidates, want)
 				}
 				if reported > 0 && st.Objects == 0 {
 					t.Errorf("%s: reported %d bytes but refined no object", what, reported)

@@ -29,9 +29,9 @@ type Diff struct {
 	// trustObjectMap: precise deltas take their candidates from the
 	// object map's dirty bits (Options.TrustObjectMap).
 	trustObjectMap bool
-	// librbdWalk: precise mode never walks the objects itself
-	// (Options.LibrbdWalk).
-	librbdWalk bool
+	// walk: how precise mode finds the candidates of an image without a
+	// usable object map (Options.Walk).
+	walk string
 
 	mu       sync.Mutex // serializes Iterate and Close
 	ioctx    *rados.IOContext
@@ -305,8 +305,11 @@ func (d *Diff) Iterate(ctx context.Context, offset int64, fn func(offset, length
 	if d.refine.walks() {
 		// No usable object map: precise mode lists the objects itself.
 		pipe := d.refine.pipeline(ctx, rawOff, rawLen, nil, cb)
-		pipe.walk(int64(rawOff), int64(rawOff+rawLen))
-		err := pipe.finish(nil)
+		rs, err := d.refine.walkRanges(ctx, int64(rawOff), int64(rawOff+rawLen))
+		if err == nil {
+			pipe.walk(rs)
+		}
+		err = pipe.finish(err)
 		mu.Lock()
 		defer mu.Unlock()
 		if panicked != nil {

@@ -83,9 +83,10 @@ type PreciseStats struct {
 	// On is set when precise mode was asked for.
 	On bool
 	// Candidates says where a delta's candidates come from: "existence"
-	// or "object map" (see the package comment), or "walk" for every
-	// object of an image without a usable object map (allocated too);
-	// empty otherwise.
+	// or "object map" (see the package comment); for an image without a
+	// usable object map (allocated too), "listing" when the walk took the
+	// objects that RADOS' listing found, "walk" when it probed every
+	// object number (see precise_list.go); empty otherwise.
 	Candidates string
 	// Unrefined says why the Diff runs librbd's exact diff instead of
 	// precise mode, UnrefinedReason the same as one of the Reason
@@ -163,7 +164,12 @@ type refiner struct {
 	// candidate instead, walked by the pipeline preciseWalkWindow at a
 	// time (see pipeline.walk).
 	walk bool
+	// walkMode is Options.Walk; walked what the last walk did (WalkList
+	// or WalkProbe), listed how many ranges its listing found.
+	walkMode, walked string
+	listed           atomic.Int64
 
+	conn   *rados.Conn
 	ioctxs []*rados.IOContext
 
 	objects, fallbacks atomic.Int64
@@ -176,6 +182,7 @@ type refiner struct {
 // that does not exist there reads from the parent layer within overlap.
 type layer struct {
 	ioctx     *rados.IOContext // read snapshot set to the layer's snapshot
+	pool, ns  string           // where the image's objects are
 	prefix    string           // the image's block name prefix
 	oldFormat bool             // a format 1 image
 	objSize   int64
@@ -222,7 +229,7 @@ func (r *refiner) byExistence() bool { return r.usable() && r.existence }
 // rbd_get_overlap, rbd_open_by_id_read_only, rbd_snap_set_by_id, rbd_read,
 // rados_ioctx_create, rados_ioctx_snap_set_read.
 func (d *Diff) openPrecise() error {
-	r := &refiner{s2: d.target.snapID}
+	r := &refiner{s2: d.target.snapID, conn: d.cc.conn, walkMode: d.walk}
 	d.refine = r
 	err := r.open(d)
 	if err != nil {
@@ -254,7 +261,7 @@ func (r *refiner) open(d *Diff) error {
 	if r.top, err = r.layer(conn, t.pool, t.namespace, d.image, t.snapID, 0); err != nil {
 		return err
 	}
-	if !d.librbdWalk {
+	if d.walk != WalkLibrbd {
 		if r.walk, err = d.noObjectMap(); err != nil {
 			return err
 		}
@@ -341,7 +348,7 @@ func (r *refiner) layer(conn *rados.Conn, pool, ns string, img *librbd.Image, sn
 	if err != nil {
 		return nil, wrap("get image format", err)
 	}
-	l := &layer{ioctx: ioctx, prefix: st.Block_name_prefix, oldFormat: old, objSize: int64(st.Obj_size)}
+	l := &layer{ioctx: ioctx, pool: pool, ns: ns, prefix: st.Block_name_prefix, oldFormat: old, objSize: int64(st.Obj_size)}
 
 	parent, err := img.GetParent()
 	if errors.Is(err, librbd.ErrNotFound) {
@@ -462,6 +469,9 @@ func (r *refiner) stats() PreciseStats {
 	}
 	if r.usable() && r.walk {
 		st.Candidates = "walk"
+		if r.walked == WalkList {
+			st.Candidates = "listing"
+		}
 	}
 	return st
 }
@@ -542,9 +552,14 @@ func (r *refiner) delta(ctx context.Context, c candidate) ([]span, error) {
 // back to its whole extent, alone; a timeout fails the candidate.
 func (r *refiner) walkDelta(ctx context.Context, c candidate) ([]span, error) {
 	size := r.top.objSize
-	first, last := c.off/size, (c.off+c.len-1)/size
-	names := make([]string, 0, last-first+1)
-	for o := first; o <= last; o++ {
+	objs := c.objs
+	if objs == nil {
+		for o := c.off / size; o <= (c.off+c.len-1)/size; o++ {
+			objs = append(objs, o)
+		}
+	}
+	names := make([]string, 0, len(objs))
+	for _, o := range objs {
 		names = append(names, r.top.object(o))
 	}
 	sss, errs, err := listSnapsBatch(r.dir, names)
@@ -557,7 +572,7 @@ func (r *refiner) walkDelta(ctx context.Context, c candidate) ([]span, error) {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		objno := first + int64(i)
+		objno := objs[i]
 		s, err := r.deltaOf(ctx, objno, name, sss[i], errs[i], true)
 		if err != nil {
 			if isTimeout(err) || ctx.Err() != nil {

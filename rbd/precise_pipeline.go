@@ -18,6 +18,10 @@ import (
 type candidate struct {
 	off, len int64
 	exists   bool
+	// objs are the objects of a walk's candidate (pipeline.walk), which
+	// may hold several, not necessarily adjacent; nil: the one object of
+	// [off, off+len).
+	objs []int64
 }
 
 // pipeline sits between librbd's whole-object diff-iterate and Iterate's
@@ -121,24 +125,47 @@ func (p *pipeline) feed(off, length uint64, exists int, _ any) (ret int) {
 	return 0
 }
 
-// walk makes every object of the raw range [off, end) a candidate, in
+// walk makes every object of the raw ranges rs (ascending, merged, in
+// whole objects but at the ends of the Iterate range) a candidate, in
 // image order, instead of librbd's whole-object diff naming them: for an
 // image without a usable object map, where librbd would run list_snaps on
-// each object itself, one at a time. The window bounds memory and the
-// queries in flight as for feed; it returns once the range is walked or
-// the pipeline stopped (finish says why).
-func (p *pipeline) walk(off, end int64) {
-	for o := off; o < end && !p.stopped; {
-		if err := p.ctx.Err(); err != nil {
-			p.stop(err)
-			return
+// each object itself, one at a time. With batch > 1 a candidate holds up
+// to batch objects, not necessarily adjacent (candidate.objs). The window
+// bounds memory and the queries in flight as for feed; it returns once
+// the ranges are walked or the pipeline stopped (finish says why).
+func (p *pipeline) walk(rs []span) {
+	batch := int64(max(p.batch, 1))
+	var c candidate
+	flush := func() bool {
+		if len(c.objs) == 0 {
+			return true
 		}
-		oe := min(end, (o/p.objSize+int64(max(p.batch, 1)))*p.objSize)
-		if !p.add(candidate{off: o, len: oe - o, exists: true}) {
-			return
-		}
-		o = oe
+		ok := p.add(c)
+		c = candidate{}
+		return ok
 	}
+	for _, r := range rs {
+		for o := r.off; o < r.end(); {
+			if p.stopped {
+				return
+			}
+			if err := p.ctx.Err(); err != nil {
+				p.stop(err)
+				return
+			}
+			oe := min(r.end(), (o/p.objSize+1)*p.objSize)
+			if len(c.objs) == 0 {
+				c = candidate{off: o, exists: true}
+			}
+			c.objs = append(c.objs, o/p.objSize)
+			c.len = oe - c.off
+			if int64(len(c.objs)) >= batch && !flush() {
+				return
+			}
+			o = oe
+		}
+	}
+	flush()
 }
 
 // add starts c once the window has room.

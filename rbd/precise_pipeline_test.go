@@ -352,7 +352,7 @@ func TestPipelineWalk(t *testing.T) {
 		got = append(got, span{int64(off), int64(length)})
 		return 0
 	}, func(error) { fellBack.Add(1) })
-	p.walk(250, 4030)
+	p.walk([]span{{250, 4030 - 250}})
 	if err := p.finish(nil); err != nil {
 		t.Fatal(err)
 	}
@@ -386,8 +386,69 @@ func TestPipelineWalk(t *testing.T) {
 		}
 		return 0
 	}, func(error) {})
-	p.walk(0, 1<<40)
+	p.walk([]span{{0, 1 << 40}})
 	if err := p.finish(nil); !errors.Is(err, context.Canceled) {
 		t.Errorf("after a cancel: %v, want context.Canceled", err)
+	}
+}
+
+// TestPipelineWalkListed: a walk over listed ranges with gaps, batch 3:
+// each candidate holds up to three objects, not necessarily adjacent,
+// spans from its first to its last, and is clipped at the range's ends.
+func TestPipelineWalkListed(t *testing.T) {
+	var cands []candidate
+	refine := func(_ context.Context, c candidate) ([]span, error) {
+		cands = append(cands, c)
+		var out []span
+		for _, o := range c.objs {
+			out = append(out, span{o*100 + 10, 5})
+		}
+		return out, nil
+	}
+	var got []span
+	p := newPipeline(context.Background(), 100, 1, false, refine, func(off, length uint64, _ int, _ any) int {
+		got = append(got, span{int64(off), int64(length)})
+		return 0
+	}, func(error) {})
+	p.batch = 3
+	p.walk([]span{{150, 50}, {500, 200}, {1200, 100}, {4000, 20}})
+	if err := p.finish(nil); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"{150 550 true [1 5 6]}", "{1200 2820 true [12 40]}"}
+	if len(cands) != 2 || fmt.Sprint(cands[0]) != want[0] || fmt.Sprint(cands[1]) != want[1] {
+		t.Errorf("candidates %v, want %v", cands, want)
+	}
+	// Object 1's extent at 110 lies before the candidate's start (150):
+	// clipped away; object 40's at 4010 within [4000, 4020).
+	if w := "[{510 5} {610 5} {1210 5} {4010 5}]"; fmt.Sprint(got) != w {
+		t.Errorf("got %v, want %s", got, w)
+	}
+}
+
+// TestObjectNumber: the inverse of dataObject, and nothing else.
+func TestObjectNumber(t *testing.T) {
+	for _, c := range []struct {
+		name, prefix string
+		old          bool
+		want         int64
+		ok           bool
+	}{
+		{"rbd_data.abc.000000000000002a", "rbd_data.abc", false, 42, true},
+		{"rbd_data.abc.000000000000002A", "rbd_data.abc", false, 0, false},
+		{"rbd_data.abc.00000000002a", "rbd_data.abc", false, 0, false},
+		{"rbd_data.abcd.000000000000002a", "rbd_data.abc", false, 0, false},
+		{"rbd_header.abc", "rbd_data.abc", false, 0, false},
+		{"rb.0.1.2.00000000002a", "rb.0.1.2", true, 42, true},
+		{"rb.0.1.2.000000000000002a", "rb.0.1.2", true, 0, false},
+		{"rbd_data.abc.ffffffffffffffff", "rbd_data.abc", false, 0, false},
+	} {
+		got, ok := objectNumber(c.name, c.prefix, c.old)
+		if got != c.want || ok != c.ok {
+			t.Errorf("objectNumber(%q, %q, %v) = %d, %v; want %d, %v", c.name, c.prefix, c.old, got, ok, c.want, c.ok)
+		}
+	}
+	if got := fmt.Sprint(objectSpans([]int64{0, 1, 3, 7, 8}, 10, 75)); got != "[{0 20} {30 10} {70 10}]" {
+		t.Errorf("objectSpans: %s", got)
 	}
 }
