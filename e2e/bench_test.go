@@ -62,11 +62,16 @@ type benchScale struct {
 	exactRuns  int    // runs of --precision=exact on it (~80 µs per object)
 	streams    int    // concurrent streams on one server
 	smallReqs  int    // requests per case of the connection-reuse latency
+	bigSize    uint64 // bytes of the big images (TestBenchBigFastDiff, TestBenchNoFastDiff)
+	bigWrites  int    // scattered 4 KiB writes before each of their snapshots
+	slowRuns   int    // runs of the modes that walk the whole big image
 }
 
 var benchScales = map[string]benchScale{
-	"ci":   {name: "ci", runs: 3, sets: 64, sparseSize: 64 << 30, writes: 500, exactRuns: 3, streams: 32, smallReqs: 15},
-	"full": {name: "full", runs: 5, sets: 1024, sparseSize: 1 << 40, writes: 4000, exactRuns: 3, streams: 32, smallReqs: 30},
+	"ci": {name: "ci", runs: 3, sets: 64, sparseSize: 64 << 30, writes: 500, exactRuns: 3, streams: 32, smallReqs: 15,
+		bigSize: 64 << 30, bigWrites: 164, slowRuns: 3},
+	"full": {name: "full", runs: 5, sets: 1024, sparseSize: 1 << 40, writes: 4000, exactRuns: 3, streams: 32, smallReqs: 30,
+		bigSize: 10 << 40, bigWrites: 26214, slowRuns: 1},
 }
 
 func benchScaleFromEnv(t testing.TB) benchScale {
@@ -827,60 +832,119 @@ func benchTargets(rep *benchReport, sc benchScale, exact []*benchMode) {
 	rep.printf("- max_results 0 ≥ 2× the throughput of 128: VARIABLE %.2f×, FIXED %.2f× — %s\n", rv, rf, met(min(rv, rf) >= 2))
 }
 
-// TestBenchNoFastDiff times a Delta of the sparse image made with
+// TestBenchNoFastDiff times a Delta of a large thin image made with
 // layering only (Ceph-CSI's and Rook's example StorageClasses: no object
-// map), where librbd's diff lists every object one at a time: exact mode,
-// precise mode leaving that walk to librbd (--precise-walk=false, the old
-// path) and precise mode walking the objects itself (the default). The
-// modes run round by round, interleaved, so that load from elsewhere falls
-// on all alike; it prints medians, their ratios and the load average.
+// map), where librbd's diff lists every object one at a time: exact mode
+// (librbd's own walk), precise mode leaving that walk to librbd
+// (--precise-walk=librbd), probing every object number itself
+// (--precise-walk=probe), and listing the pool's objects
+// (--precise-walk=list). At RSM_BENCH_SCALE=full the image is 10 TiB with
+// 1% of its objects changed, and only exact and list run (the others walk
+// as long as exact does, or nearly), exact once: about 5 minutes.
 func TestBenchNoFastDiff(t *testing.T) {
 	if os.Getenv("RSM_BENCH") != "1" {
 		t.Skip("the benchmark runs with RSM_BENCH=1 (e2e/run-bench.sh, ./dev.sh bench)")
 	}
 	sc := benchScaleFromEnv(t)
+	modes := []benchBigMode{
+		{"exact (librbd's walk)", []string{"--precision=exact"}, sc.slowRuns},
+		{"precise, --precise-walk=librbd", []string{"--precision=precise", "--precise-walk=librbd"}, sc.slowRuns},
+		{"precise, --precise-walk=probe", []string{"--precision=precise", "--precise-walk=probe"}, sc.slowRuns},
+		{"precise, --precise-walk=list", []string{"--precision=precise", "--precise-walk=list"}, sc.runs},
+		{"precise (default: auto)", []string{"--precision=precise"}, sc.runs},
+	}
+	if sc.name == "full" {
+		modes = []benchBigMode{modes[0], modes[3]}
+	}
+	benchBig(t, sc, "Without fast-diff", rbd.FeatureLayering, modes)
+}
+
+// TestBenchBigFastDiff times a Delta of a large thin image with Ceph-CSI's
+// features (fast-diff) in the three --precision modes; at
+// RSM_BENCH_SCALE=full the image is 10 TiB with 1% of its objects changed,
+// and exact, which walks every object, does not run.
+func TestBenchBigFastDiff(t *testing.T) {
+	if os.Getenv("RSM_BENCH") != "1" {
+		t.Skip("the benchmark runs with RSM_BENCH=1 (e2e/run-bench.sh, ./dev.sh bench)")
+	}
+	sc := benchScaleFromEnv(t)
+	modes := []benchBigMode{
+		{"object", []string{"--precision=object"}, sc.runs},
+		{"precise", []string{"--precision=precise"}, sc.runs},
+		{"precise --trust-object-map", []string{"--precision=precise", "--trust-object-map"}, sc.runs},
+		{"exact", []string{"--precision=exact"}, sc.slowRuns},
+	}
+	if sc.name == "full" {
+		modes = modes[:3] // exact walks every object: minutes at 10 TiB
+	}
+	benchBig(t, sc, "With fast-diff", imageFeatures, modes)
+}
+
+// benchBigMode is a server mode of benchBig, timed runs times.
+type benchBigMode struct {
+	name  string
+	flags []string
+	runs  int
+}
+
+// benchBig times a Delta of the big sparse image (sc.bigSize, sc.bigWrites
+// random 4 KiB writes before each of two snapshots) made with features,
+// one server per mode, round by round (a mode with fewer runs drops out
+// early), so that load from elsewhere falls on all alike; it prints
+// medians, their ratio to the first mode's, the bytes reported against
+// those truly changed, each server's peak RSS, and the load average.
+func benchBig(t *testing.T, sc benchScale, title string, features uint64, specs []benchBigMode) {
+	t.Helper()
 	conn := connectAdmin(t)
 	loadavg := func() string {
 		b, _ := os.ReadFile("/proc/loadavg")
 		return strings.Join(strings.Fields(string(b))[:3], " ")
 	}
 	t0 := time.Now()
-	v, _, _, truth := benchSparseWith(t, conn, sc.sparseSize, sc.writes, rbd.FeatureLayering)
-	t.Logf("layering-only image set up in %v", time.Since(t0).Round(time.Millisecond))
+	v, _, _, truth := benchSparseWith(t, conn, sc.bigSize, sc.bigWrites, features)
+	t.Logf("%s: image set up in %v", title, time.Since(t0).Round(time.Millisecond))
 	req := client.Request{Base: v.id("s1"), Target: v.id("s2"), Secrets: csiSecrets(t)}
-	modes := []*benchMode{
-		benchServerMode(t, "exact", req, nil, "--precision=exact"),
-		benchServerMode(t, "precise, librbd's walk (--precise-walk=false)", req, nil, "--precision=precise", "--precise-walk=false"),
-		benchServerMode(t, "precise, own walk (default)", req, nil, "--precision=precise"),
+	var modes []*benchMode
+	for _, m := range specs {
+		modes = append(modes, benchServerMode(t, m.name, req, nil, append([]string{"-v=2"}, m.flags...)...))
 	}
+	// The first round also checks each answer (its tuples are kept), so
+	// that a walk of the whole image runs no more often than timed; it
+	// includes each server's connecting to the cluster (about 0.1 s).
 	reported := make([]int64, len(modes))
-	for i, m := range modes {
-		r := m.run(t, true) // warm, and check
-		reported[i] = r.bytes
-		if miss := totalBytes(uncovered(truth, mergeSpans(r.tuples))); miss > 0 {
-			t.Errorf("%s missed %d of the %d changed bytes", m.name, miss, totalBytes(truth))
-		}
-	}
 	before := loadavg()
-	for range sc.runs {
-		for _, m := range modes {
-			m.runs = append(m.runs, m.run(t, false))
+	for i := range slices.MaxFunc(specs, func(a, b benchBigMode) int { return a.runs - b.runs }).runs {
+		for j, m := range modes {
+			if i >= specs[j].runs {
+				continue
+			}
+			r := m.run(t, i == 0)
+			m.runs = append(m.runs, r)
+			if i == 0 {
+				reported[j] = r.bytes
+				if miss := totalBytes(uncovered(truth, mergeSpans(r.tuples))); miss > 0 {
+					t.Errorf("%s missed %d of the %d changed bytes", m.name, miss, totalBytes(truth))
+				}
+			}
 		}
 	}
 	after := loadavg()
+	for _, m := range modes {
+		m.hwmKiB = procStatus(t, m.srv.pid())["VmHWM"]
+	}
 	var rep benchReport
-	rep.printf("\nWithout fast-diff: Delta of a %s layering-only image (%d objects), %s truly changed (%d × 4 KiB writes); median of %d interleaved runs; %d CPUs, load average %s before, %s after\n\n",
-		fmtBytes(int64(sc.sparseSize)), sc.sparseSize/objSize, fmtBytes(totalBytes(truth)), len(truth), sc.runs, runtime.NumCPU(), before, after)
-	rep.printf("| mode | median | runs | reported | × truly changed | own walk faster by |\n|---|---:|---|---:|---:|---:|\n")
-	walk := modes[len(modes)-1].median().total
+	rep.printf("\n%s: Delta of a %s thin image (%d objects), %s truly changed (%d × 4 KiB writes in %d objects); medians of interleaved runs; %d CPUs, load average %s before, %s after\n\n",
+		title, fmtBytes(int64(sc.bigSize)), sc.bigSize/objSize, fmtBytes(totalBytes(truth)), len(truth), sc.bigWrites, runtime.NumCPU(), before, after)
+	rep.printf("| mode | median | runs | × %s's time | reported | × truly changed | server peak RSS |\n|---|---:|---|---:|---:|---:|---:|\n", modes[0].name)
+	first := modes[0].median().total
 	for i, m := range modes {
 		var ds []string
 		for _, r := range m.runs {
 			ds = append(ds, fmtDur(r.total))
 		}
 		med := m.median().total
-		rep.printf("| %s | %s | %s | %s | %.1f× | %.1f× |\n", m.name, fmtDur(med), strings.Join(ds, ", "), fmtBytes(reported[i]),
-			float64(reported[i])/float64(totalBytes(truth)), float64(med)/float64(walk))
+		rep.printf("| %s | %s | %s | %.3f× | %s | %.1f× | %s |\n", m.name, fmtDur(med), strings.Join(ds, ", "), float64(med)/float64(first),
+			fmtBytes(reported[i]), float64(reported[i])/float64(totalBytes(truth)), fmtKiB(m.hwmKiB))
 	}
 	fmt.Print(rep.b.String() + "\n")
 	if out := os.Getenv("RSM_BENCH_OUT"); out != "" {

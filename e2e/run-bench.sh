@@ -1,5 +1,6 @@
 #!/bin/bash
-# The performance benchmark (./dev.sh bench): TestBench and TestBenchNoFastDiff
+# The performance benchmark (./dev.sh bench): TestBench, TestBenchNoFastDiff and
+# TestBenchBigFastDiff
 # (e2e/bench_test.go)
 # against a fresh throwaway cluster (with-cluster.sh), with the server
 # binary; it prints its tables.
