@@ -184,4 +184,3 @@ func objectSpans(objs []int64, objSize, limit int64) []span {
 	}
 	return out
 }
-
