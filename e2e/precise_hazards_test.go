@@ -253,6 +253,7 @@ func TestPreciseFormat1(t *testing.T) {
 	for _, seed := range []uint64{19, 20, 21} {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
 			w := newPreciseWorkload(t, ioctx, seed)
+			w.walks = true // format 1 has no object map
 			p := &preciseImage{name: uniqueName(t, "format1"), objSize: mib, size: 24 * mib}
 			t.Setenv("RBD_FORCE_ALLOW_V1", "1") // reef creates format 1 images only so
 			rbdCLI(t, "create", "--image-format", "1", "--object-size", "1M", "--size", "24M", pool+"/"+p.name)
