@@ -22,6 +22,10 @@ type candidate struct {
 	// may hold several, not necessarily adjacent; nil: the one object of
 	// [off, off+len).
 	objs []int64
+	// fresh: the object maps say the object exists at the target
+	// snapshot and not at the base (pipeline.before), so its delta is
+	// its extents at the target (refiner.delta).
+	fresh bool
 }
 
 // pipeline sits between librbd's whole-object diff-iterate and Iterate's
@@ -60,6 +64,11 @@ type pipeline struct {
 	// or not (see refiner.shrunk), taken one at a time by force.
 	forced []span
 	next   int64 // where the last candidate started ends
+	// before, when set (hasBefore), are the raw ranges of the objects
+	// that exist at the base snapshot by its object map, ascending: a
+	// candidate that exists at the target outside them is fresh.
+	before    []span
+	hasBefore bool
 
 	window  []*job
 	stopped bool  // feed answers errStop
@@ -117,7 +126,7 @@ func (p *pipeline) feed(off, length uint64, exists int, _ any) (ret int) {
 	}
 	for o < end {
 		oe := min(end, (o/p.objSize+1)*p.objSize)
-		if !p.add(candidate{off: o, len: oe - o, exists: exists != 0}) {
+		if !p.add(candidate{off: o, len: oe - o, exists: exists != 0, fresh: exists != 0 && p.hasBefore && !p.existedBefore(o)}) {
 			return errStop
 		}
 		o = oe
@@ -166,6 +175,15 @@ func (p *pipeline) walk(rs []span) {
 		}
 	}
 	flush()
+}
+
+// existedBefore reports whether the object at raw offset o is within
+// p.before; offsets must come in ascending order.
+func (p *pipeline) existedBefore(o int64) bool {
+	for len(p.before) > 0 && p.before[0].end() <= o {
+		p.before = p.before[1:]
+	}
+	return len(p.before) > 0 && p.before[0].off <= o
 }
 
 // add starts c once the window has room.

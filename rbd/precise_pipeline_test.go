@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -415,7 +416,7 @@ func TestPipelineWalkListed(t *testing.T) {
 	if err := p.finish(nil); err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"{150 550 true [1 5 6]}", "{1200 2820 true [12 40]}"}
+	want := []string{"{150 550 true [1 5 6] false}", "{1200 2820 true [12 40] false}"}
 	if len(cands) != 2 || fmt.Sprint(cands[0]) != want[0] || fmt.Sprint(cands[1]) != want[1] {
 		t.Errorf("candidates %v, want %v", cands, want)
 	}
@@ -450,5 +451,33 @@ func TestObjectNumber(t *testing.T) {
 	}
 	if got := fmt.Sprint(objectSpans([]int64{0, 1, 3, 7, 8}, 10, 75)); got != "[{0 20} {30 10} {70 10}]" {
 		t.Errorf("objectSpans: %s", got)
+	}
+}
+
+// TestPipelineFresh: with the base's existing objects known, a candidate
+// that exists at the target outside them is fresh; one inside them, one
+// forced, or one that does not exist at the target is not.
+func TestPipelineFresh(t *testing.T) {
+	var mu sync.Mutex
+	fresh := map[int64]bool{}
+	refine := func(_ context.Context, c candidate) ([]span, error) {
+		mu.Lock()
+		fresh[c.off/100] = c.fresh
+		mu.Unlock()
+		return nil, nil
+	}
+	p := newPipeline(context.Background(), 100, 4, false, refine, func(uint64, uint64, int, any) int { return 0 }, func(error) {})
+	p.before, p.hasBefore = []span{{200, 200}, {900, 100}}, true
+	p.forced = []span{{700, 100}}
+	p.feed(0, 300, 1, nil)   // objects 0, 1: fresh; 2: existed
+	p.feed(300, 200, 1, nil) // 3: existed; 4: fresh
+	p.feed(500, 100, 0, nil) // 5: gone at the target
+	p.feed(900, 200, 1, nil) // 7 forced before it; 9 existed; 10 fresh
+	if err := p.finish(nil); err != nil {
+		t.Fatal(err)
+	}
+	want := map[int64]bool{0: true, 1: true, 2: false, 3: false, 4: true, 5: false, 7: false, 9: false, 10: true}
+	if fmt.Sprint(fresh) != fmt.Sprint(want) {
+		t.Errorf("fresh %v\nwant  %v", fresh, want)
 	}
 }
