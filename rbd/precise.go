@@ -557,18 +557,18 @@ func (r *refiner) delta(ctx context.Context, c candidate) ([]span, error) {
 
 // freshDelta is the delta of an object that the object maps say is new
 // since the base snapshot (candidate.fresh), with one query instead of
-// two: its allocated extents at the target, plus what the image read
-// from its parent there at the base (deltaSpans' rule for an object new
-// since s1, which list_snaps would only confirm). The maps' existence
-// bits are what the candidates come from anyway; an object in a range
-// where they may be wrong (r.shrunk, r.lostParent) takes the full path,
-// and so does one that mapext does not find at the target: it returns
-// that ENOENT.
+// two: its allocated extents at the target (deltaSpans' rule for an
+// object new since s1 without parent data, which list_snaps would only
+// confirm). The maps' existence bits are what the candidates come from
+// anyway; an object in a range where they may be wrong (r.shrunk,
+// r.lostParent) takes the full path, and so does one that mapext does not
+// find at the target (it returns that ENOENT), and one within the base's
+// parent overlap, whose parent data the full path weighs.
 func (r *refiner) freshDelta(ctx context.Context, objno int64, name string) ([]span, error) {
 	size := r.top.objSize
 	base := objno * size
 	obj := span{base, size}
-	if r.shrunk.overlaps(obj) || r.lostParent.overlaps(obj) {
+	if r.shrunk.overlaps(obj) || r.lostParent.overlaps(obj) || (r.base.parent != nil && base < r.base.overlap) {
 		return nil, radosErr(-int(syscall.ENOENT))
 	}
 	own2, err := mapext(r.top.ioctx, name, 0, size)
@@ -578,11 +578,7 @@ func (r *refiner) freshDelta(ctx context.Context, objno int64, name string) ([]s
 	if err != nil {
 		return nil, reasoned{ReasonMapext, fmt.Errorf("mapext %s at snapshot %d: %w", name, r.s2, err)}
 	}
-	parent1, err := r.base.parentView(ctx, base, base+size)
-	if err != nil {
-		return nil, err
-	}
-	return normalize(append(shift(own2, base), parent1...)), nil
+	return normalize(shift(own2, base)), nil
 }
 
 // walkDelta refines a delta candidate of the walk: up to walkBatch whole
