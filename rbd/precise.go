@@ -171,6 +171,7 @@ type refiner struct {
 	// or WalkProbe), listed how many ranges its listing found.
 	walkMode, walked string
 	listed           atomic.Int64
+	listErr          string // why WalkList probed instead
 
 	conn   *rados.Conn
 	ioctxs []*rados.IOContext
@@ -477,6 +478,9 @@ func (r *refiner) stats() PreciseStats {
 		st.Candidates = "walk"
 		if r.walked == WalkList {
 			st.Candidates = "listing"
+		}
+		if r.listErr != "" {
+			st.LastFallback = "listing the pool's objects: " + r.listErr
 		}
 	}
 	return st

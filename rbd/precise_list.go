@@ -56,7 +56,10 @@ func (r *refiner) walkRanges(ctx context.Context, off, end int64) ([]span, error
 	if mode == WalkAuto {
 		var err error
 		if mode, err = r.chooseWalk(off, end); err != nil {
-			return nil, err
+			if isTimeout(err) {
+				return nil, err
+			}
+			mode = WalkProbe // the pool's statistics refused: probe, as for a big pool
 		}
 	}
 	r.mu.Lock()
@@ -65,6 +68,20 @@ func (r *refiner) walkRanges(ctx context.Context, off, end int64) ([]span, error
 	if mode != WalkList {
 		return all, nil
 	}
+	rs, err := r.listRanges(ctx, off, end)
+	if err != nil && ctx.Err() == nil && !isTimeout(err) {
+		// Listing refused (say, OSD caps without it) or failed: probing
+		// finds the same objects, object by object.
+		r.mu.Lock()
+		r.walked, r.listErr = WalkProbe, err.Error()
+		r.mu.Unlock()
+		return all, nil
+	}
+	return rs, err
+}
+
+// listRanges is walkRanges' WalkList.
+func (r *refiner) listRanges(ctx context.Context, off, end int64) ([]span, error) {
 	var rs []span
 	if r.base == nil {
 		// Allocated: what the image holds, or reads from its parents
