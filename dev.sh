@@ -9,7 +9,7 @@
 #   ./dev.sh e2e [go test args]   e2e tests only (RSM_CEPH=tentacle: on Ceph tentacle)
 #   ./dev.sh matrix   the oracle tests on tentacle, and across versions (reef's
 #                     librbd on a tentacle cluster, tentacle's on reef)
-#   ./dev.sh bench [go test args]   the benchmark; RSM_BENCH_SCALE=full for 2^20 extents and 1 TiB
+#   ./dev.sh bench [go test args]   the benchmark; RSM_BENCH_SCALE=full for 2^20 extents, 1 TiB and 10 TiB
 #   ./dev.sh image [go test args]   build as the Dockerfile does (in the Debian 13
 #                     rootfs), then run e2e tests with that binary
 #   ./dev.sh build    bin/rbd-snapshot-metadata (cgo, librbd) and bin/snapmeta (pure Go)

@@ -75,7 +75,9 @@ type Refinement struct {
 	// otherwise.
 	On bool
 	// Candidates says where a delta's candidate objects came from
-	// ("existence" or "object map"); empty for Allocated.
+	// ("existence" or "object map"); without a usable object map
+	// (Allocated too) "listing" (the objects RADOS lists) or "walk" (every
+	// object number); otherwise empty.
 	Candidates string
 	// Objects counts the objects refined.
 	Objects int64

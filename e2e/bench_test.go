@@ -62,11 +62,16 @@ type benchScale struct {
 	exactRuns  int    // runs of --precision=exact on it (~80 µs per object)
 	streams    int    // concurrent streams on one server
 	smallReqs  int    // requests per case of the connection-reuse latency
+	bigSize    uint64 // bytes of the big images (TestBenchBigFastDiff, TestBenchNoFastDiff)
+	bigWrites  int    // scattered 4 KiB writes before each of their snapshots
+	slowRuns   int    // runs of the modes that walk the whole big image
 }
 
 var benchScales = map[string]benchScale{
-	"ci":   {name: "ci", runs: 3, sets: 64, sparseSize: 64 << 30, writes: 500, exactRuns: 3, streams: 32, smallReqs: 15},
-	"full": {name: "full", runs: 5, sets: 1024, sparseSize: 1 << 40, writes: 4000, exactRuns: 3, streams: 32, smallReqs: 30},
+	"ci": {name: "ci", runs: 3, sets: 64, sparseSize: 64 << 30, writes: 500, exactRuns: 3, streams: 32, smallReqs: 15,
+		bigSize: 64 << 30, bigWrites: 164, slowRuns: 3},
+	"full": {name: "full", runs: 5, sets: 1024, sparseSize: 1 << 40, writes: 4000, exactRuns: 3, streams: 32, smallReqs: 30,
+		bigSize: 10 << 40, bigWrites: 26214, slowRuns: 1},
 }
 
 func benchScaleFromEnv(t testing.TB) benchScale {
@@ -185,9 +190,27 @@ func benchStriped(t testing.TB, conn *rados.Conn, sets uint64) (v rbdVolume, fro
 // objects before each of its snapshots s1 and s2, through rbd import-diff.
 // It returns the bytes that changed from s1 to s2.
 func benchSparse(t testing.TB, conn *rados.Conn, size uint64, writes int) (v rbdVolume, from, to uint64, truth []span) {
+	return benchSparseWith(t, conn, size, writes, imageFeatures)
+}
+
+// benchSparseWith is benchSparse on an image with the given features.
+func benchSparseWith(t testing.TB, conn *rados.Conn, size uint64, writes int, features uint64) (v rbdVolume, from, to uint64, truth []span) {
 	t.Helper()
-	v, img := createVolume(t, conn, "", "bench-sparse", size, imageFeatures)
-	img.Close() // rbd import-diff takes the exclusive lock
+	var img *rbd.Image
+	if features&rbd.FeatureObjectMap == 0 && size > 1<<40 {
+		// Without an object map, removing the image deletes every object
+		// number: over 20 minutes at 10 TiB. The benchmark's cluster is
+		// thrown away afterwards, so the image stays.
+		v = rbdVolume{ioctx: openIOContext(t, conn, pool, ""), name: uniqueName(t, "bench-sparse")}
+		rbdCLI(t, "create", "--no-progress", "--image-feature", "layering", "--size", fmt.Sprintf("%dM", size>>20), v.spec())
+		t.Logf("%s is not removed at the end (%s without an object map)", v.spec(), fmtBytes(int64(size)))
+		if features != rbd.FeatureLayering {
+			t.Fatalf("features %#x: only layering-only images are left in place", features)
+		}
+	} else {
+		v, img = createVolume(t, conn, "", "bench-sparse", size, features)
+		img.Close() // rbd import-diff takes the exclusive lock
+	}
 	rng := rand.New(rand.NewPCG(6, 2024))
 	objects := size / objSize
 	scatter := func() []uint64 {
@@ -820,4 +843,152 @@ func benchTargets(rep *benchReport, sc benchScale, exact []*benchMode) {
 		v0.firstPct(), f0.firstPct(), v128.firstPct(), f128.firstPct(), note, met(fp < 5))
 	rv, rf := v0.rate()/v128.rate(), f0.rate()/f128.rate()
 	rep.printf("- max_results 0 ≥ 2× the throughput of 128: VARIABLE %.2f×, FIXED %.2f× — %s\n", rv, rf, met(min(rv, rf) >= 2))
+}
+
+// TestBenchNoFastDiff times a Delta of a large thin image made with
+// layering only (Ceph-CSI's and Rook's example StorageClasses: no object
+// map), where librbd's diff lists every object one at a time: exact mode
+// (librbd's own walk), precise mode leaving that walk to librbd
+// (--precise-walk=librbd), probing every object number itself
+// (--precise-walk=probe), and listing the pool's objects
+// (--precise-walk=list). At RSM_BENCH_SCALE=full the image is 10 TiB with
+// 1% of its objects changed, and only exact and list run (the others walk
+// as long as exact does, or nearly), exact once: about 8 minutes on 2
+// loaded cores; the image is left in place (see benchSparseWith).
+func TestBenchNoFastDiff(t *testing.T) {
+	if os.Getenv("RSM_BENCH") != "1" {
+		t.Skip("the benchmark runs with RSM_BENCH=1 (e2e/run-bench.sh, ./dev.sh bench)")
+	}
+	sc := benchScaleFromEnv(t)
+	modes := []benchBigMode{
+		{"exact (librbd's walk)", []string{"--precision=exact"}, sc.slowRuns, ""},
+		{"precise, --precise-walk=librbd", []string{"--precision=precise", "--precise-walk=librbd"}, sc.slowRuns, ""},
+		{"precise, --precise-walk=probe", []string{"--precision=precise", "--precise-walk=probe"}, sc.slowRuns, ""},
+		{"precise, --precise-walk=list", []string{"--precision=precise", "--precise-walk=list"}, sc.runs, ""},
+		{"precise (default: auto)", []string{"--precision=precise"}, sc.runs, ""},
+	}
+	if sc.name == "full" {
+		modes = []benchBigMode{modes[0], modes[3]}
+	}
+	benchBig(t, sc, "Without fast-diff", rbd.FeatureLayering, modes)
+}
+
+// TestBenchBigFastDiff times a Delta of a large thin image with Ceph-CSI's
+// features (fast-diff) in the three --precision modes; at
+// RSM_BENCH_SCALE=full the image is 10 TiB with 1% of its objects changed,
+// and exact, which walks every object, does not run.
+func TestBenchBigFastDiff(t *testing.T) {
+	if os.Getenv("RSM_BENCH") != "1" {
+		t.Skip("the benchmark runs with RSM_BENCH=1 (e2e/run-bench.sh, ./dev.sh bench)")
+	}
+	sc := benchScaleFromEnv(t)
+	modes := []benchBigMode{
+		{"object", []string{"--precision=object"}, sc.runs, ""},
+		{"precise", []string{"--precision=precise"}, sc.runs, ""},
+		{"precise --trust-object-map", []string{"--precision=precise", "--trust-object-map"}, sc.runs, ""},
+		{"exact", []string{"--precision=exact"}, sc.slowRuns, ""},
+	}
+	if sc.name == "full" {
+		modes = modes[:3] // exact walks every object: minutes at 10 TiB
+	}
+	if os.Getenv("RSM_BENCH_BASELINE_BIN") != "" {
+		modes = modes[:2] // object and precise, each by both binaries
+	}
+	benchBig(t, sc, "With fast-diff", imageFeatures, modes)
+}
+
+// benchBigMode is a server mode of benchBig, timed runs times.
+type benchBigMode struct {
+	name  string
+	flags []string
+	runs  int
+	bin   string // the server binary; "": RSM_SERVER_BIN
+}
+
+// benchBig times a Delta of the big sparse image (sc.bigSize, sc.bigWrites
+// random 4 KiB writes before each of two snapshots) made with features,
+// one server per mode, round by round (a mode with fewer runs drops out
+// early), so that load from elsewhere falls on all alike; it prints
+// medians, their ratio to the first mode's, the bytes reported against
+// those truly changed, each server's peak RSS, and the load average.
+func benchBig(t *testing.T, sc benchScale, title string, features uint64, specs []benchBigMode) {
+	t.Helper()
+	conn := connectAdmin(t)
+	loadavg := func() string {
+		b, _ := os.ReadFile("/proc/loadavg")
+		return strings.Join(strings.Fields(string(b))[:3], " ")
+	}
+	t0 := time.Now()
+	v, _, _, truth := benchSparseWith(t, conn, sc.bigSize, sc.bigWrites, features)
+	t.Logf("%s: image set up in %v", title, time.Since(t0).Round(time.Millisecond))
+	req := client.Request{Base: v.id("s1"), Target: v.id("s2"), Secrets: csiSecrets(t)}
+	// RSM_BENCH_BASELINE_BIN: every mode once more, run by that server
+	// binary (an older build, say), in the same rounds.
+	if bin := os.Getenv("RSM_BENCH_BASELINE_BIN"); bin != "" {
+		for _, m := range slices.Clone(specs) {
+			m.name += " (baseline)"
+			m.bin = bin
+			specs = append(specs, m)
+		}
+	}
+	var modes []*benchMode
+	for _, m := range specs {
+		if m.bin != "" {
+			cur := os.Getenv("RSM_SERVER_BIN")
+			os.Setenv("RSM_SERVER_BIN", m.bin)
+			modes = append(modes, benchServerMode(t, m.name, req, nil, append([]string{"-v=2"}, m.flags...)...))
+			os.Setenv("RSM_SERVER_BIN", cur)
+			continue
+		}
+		modes = append(modes, benchServerMode(t, m.name, req, nil, append([]string{"-v=2"}, m.flags...)...))
+	}
+	// The first round also checks each answer (its tuples are kept), so
+	// that a walk of the whole image runs no more often than timed; it
+	// includes each server's connecting to the cluster (about 0.1 s).
+	reported := make([]int64, len(modes))
+	before := loadavg()
+	for i := range slices.MaxFunc(specs, func(a, b benchBigMode) int { return a.runs - b.runs }).runs {
+		for j, m := range modes {
+			if i >= specs[j].runs {
+				continue
+			}
+			r := m.run(t, i == 0)
+			m.runs = append(m.runs, r)
+			if i == 0 {
+				reported[j] = r.bytes
+				if miss := totalBytes(uncovered(truth, mergeSpans(r.tuples))); miss > 0 {
+					t.Errorf("%s missed %d of the %d changed bytes", m.name, miss, totalBytes(truth))
+				}
+			}
+		}
+	}
+	after := loadavg()
+	for _, m := range modes {
+		m.hwmKiB = procStatus(t, m.srv.pid())["VmHWM"]
+	}
+	var rep benchReport
+	rep.printf("\n%s: Delta of a %s thin image (%d objects), %s truly changed (%d × 4 KiB writes in %d objects); medians of interleaved runs; %d CPUs, load average %s before, %s after\n\n",
+		title, fmtBytes(int64(sc.bigSize)), sc.bigSize/objSize, fmtBytes(totalBytes(truth)), len(truth), sc.bigWrites, runtime.NumCPU(), before, after)
+	rep.printf("| mode | median | runs | × %s's time | reported | × truly changed | server peak RSS |\n|---|---:|---|---:|---:|---:|---:|\n", modes[0].name)
+	first := modes[0].median().total
+	for i, m := range modes {
+		var ds []string
+		for _, r := range m.runs {
+			ds = append(ds, fmtDur(r.total))
+		}
+		med := m.median().total
+		rep.printf("| %s | %s | %s | %.3f× | %s | %.1f× | %s |\n", m.name, fmtDur(med), strings.Join(ds, ", "), float64(med)/float64(first),
+			fmtBytes(reported[i]), float64(reported[i])/float64(totalBytes(truth)), fmtKiB(m.hwmKiB))
+	}
+	fmt.Print(rep.b.String() + "\n")
+	if out := os.Getenv("RSM_BENCH_OUT"); out != "" {
+		f, err := os.OpenFile(out, os.O_APPEND|os.O_WRONLY, 0o644)
+		if err == nil {
+			_, err = f.WriteString(rep.b.String())
+			f.Close()
+		}
+		if err != nil {
+			t.Errorf("write %s: %v", out, err)
+		}
+	}
 }

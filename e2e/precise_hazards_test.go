@@ -12,7 +12,10 @@ package e2e
 //     right after the read, in the same object;
 //   - format 1: an image of the old format, with its own object names;
 //   - migration: an image prepared for live migration, which must be
-//     refused (FAILED_PRECONDITION) or answered correctly.
+//     refused (FAILED_PRECONDITION) or answered correctly;
+//   - an invalid object map: fast-diff disabled and enabled again, which
+//     leaves the map flagged invalid until `rbd object-map rebuild`, so
+//     precise mode walks the objects itself.
 //
 // The default mode (precise) and exact must miss nothing; the modes that
 // trust the object map (object, precise with --trust-object-map) may, as
@@ -250,6 +253,7 @@ func TestPreciseFormat1(t *testing.T) {
 	for _, seed := range []uint64{19, 20, 21} {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
 			w := newPreciseWorkload(t, ioctx, seed)
+			w.walks = true // format 1 has no object map
 			p := &preciseImage{name: uniqueName(t, "format1"), objSize: mib, size: 24 * mib}
 			t.Setenv("RBD_FORCE_ALLOW_V1", "1") // reef creates format 1 images only so
 			rbdCLI(t, "create", "--image-format", "1", "--object-size", "1M", "--size", "24M", pool+"/"+p.name)
@@ -417,4 +421,59 @@ func TestPreciseFallbackReported(t *testing.T) {
 	if v, ok := metricValue(body, `rbd_snapshot_metadata_precise_objects_total{method="GetMetadataDelta"}`); !ok || v < 2 {
 		t.Errorf("/metrics: refined objects %v (present %v), want at least 2", v, ok)
 	}
+}
+
+// TestPreciseInvalidObjectMap: with the object map flagged invalid (fast-diff
+// disabled and enabled again, not rebuilt), librbd's whole-object diff
+// silently lists every object; precise mode walks them itself instead,
+// and must miss nothing, on a plain image and a clone.
+func TestPreciseInvalidObjectMap(t *testing.T) {
+	conn := connectAdmin(t)
+	ioctx := openIOContext(t, conn, pool, "")
+	srcs := preciseSources(t)
+	invalidate := func(w *preciseWorkload, p *preciseImage) {
+		t.Helper()
+		w.logf("disable and enable fast-diff on %s", p.name)
+		for _, on := range []bool{false, true} {
+			if err := p.img.UpdateFeatures(rbd.FeatureObjectMap|rbd.FeatureFastDiff, on); err != nil {
+				t.Fatalf("update features of %s (%v): %v", p.name, on, err)
+			}
+		}
+	}
+	history := func(w *preciseWorkload, p *preciseImage) {
+		for _, o := range []uint64{0, 3, 5} {
+			w.write(p, o*mib+64*preciseKiB, 128*preciseKiB)
+		}
+		w.snap(p) // s1
+		invalidate(w, p)
+		for _, o := range []uint64{3, 6, 9} {
+			w.write(p, o*mib+512*preciseKiB, 4*preciseKiB)
+		}
+		if _, err := p.img.Discard(5*mib, mib); err != nil {
+			t.Fatalf("discard: %v", err)
+		}
+		w.logf("discard %d+%d", 5*mib, mib)
+		w.snap(p) // s2
+		w.write(p, 12*mib+7, 9000)
+		w.snap(p) // s3
+	}
+	t.Run("plain", func(t *testing.T) {
+		w := newPreciseWorkload(t, ioctx, 18)
+		w.walks = true
+		p := w.hazardImage(nil, 16*mib, 20)
+		history(w, p)
+		checkHazard(t, w, srcs)
+	})
+	t.Run("clone", func(t *testing.T) {
+		w := newPreciseWorkload(t, ioctx, 19)
+		w.walks = true
+		parent := w.hazardImage(nil, 16*mib, 20)
+		for o := uint64(0); o < 16; o += 2 {
+			w.write(parent, o*mib, mib)
+		}
+		w.snap(parent)
+		p := w.hazardImage(parent, 0, 20)
+		history(w, p)
+		checkHazard(t, w, srcs)
+	})
 }

@@ -52,6 +52,14 @@ var preciseModes = []struct {
 	{"exact", rsm.Options{}, ""},
 	{"precise", rsm.Options{Precise: true}, ""},
 	{"precise-trusted", rsm.Options{Precise: true, TrustObjectMap: true}, "README, Precision: --trust-object-map (rollback, copy-on-read)"},
+	// Without an object map (TestPreciseOracleLayering) precise mode walks
+	// every object itself; this is the walk left to librbd instead.
+	{"precise-librbd-walk", rsm.Options{Precise: true, Walk: rsm.WalkLibrbd}, ""},
+	// ... and precise mode's own walk, both ways: listing the pool's
+	// objects, and probing every object number (the default chooses by
+	// the pool's size).
+	{"precise-list", rsm.Options{Precise: true, Walk: rsm.WalkList}, ""},
+	{"precise-probe", rsm.Options{Precise: true, Walk: rsm.WalkProbe}, ""},
 }
 
 // preciseTally sums one mode over many queries.
@@ -126,7 +134,14 @@ func preciseSeedsOr(t *testing.T, n int) []uint64 {
 
 // TestPreciseOracle runs random histories and checks every mode against
 // the byte oracle; precise mode must miss nothing and fall back nowhere.
-func TestPreciseOracle(t *testing.T) {
+func TestPreciseOracle(t *testing.T) { testPreciseOracle(t, imageFeatures) }
+
+// TestPreciseOracleLayering is TestPreciseOracle on images with layering
+// only, as Ceph-CSI's and Rook's example StorageClasses make them: no object
+// map, so precise mode walks every object itself (Candidates "walk").
+func TestPreciseOracleLayering(t *testing.T) { testPreciseOracle(t, rbd.FeatureLayering) }
+
+func testPreciseOracle(t *testing.T, features uint64) {
 	conn := connectAdmin(t)
 	ioctx := openIOContext(t, conn, pool, "")
 	srcs := preciseSources(t)
@@ -134,6 +149,8 @@ func TestPreciseOracle(t *testing.T) {
 	for _, seed := range preciseSeeds(t) {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
 			w := newPreciseWorkload(t, ioctx, seed)
+			w.features = features
+			w.walks = features&rbd.FeatureFastDiff == 0
 			w.run()
 			w.check(srcs, tot)
 			if t.Failed() {
@@ -197,6 +214,14 @@ type preciseWorkload struct {
 	log       []string
 	images    []*preciseImage // parents first; the last is the one checked
 	header    uint64          // the last image's LUKS header: not user data
+	// features of the images it creates; imageFeatures when zero.
+	features uint64
+	// ns is ioctx's namespace, for the snapshot IDs (empty: none, or the
+	// one clusterID names).
+	ns string
+	// walks: the checked image has no usable object map, so precise mode
+	// must walk its objects itself (PreciseStats.Candidates "walk").
+	walks bool
 }
 
 func newPreciseWorkload(t *testing.T, ioctx *rados.IOContext, seed uint64) *preciseWorkload {
@@ -222,6 +247,11 @@ func (w *preciseWorkload) create(parent *preciseImage) *preciseImage {
 	}
 	if w.dataPool != "" {
 		if err := opts.SetString(rbd.ImageOptionDataPool, w.dataPool); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if w.features != 0 {
+		if err := opts.SetUint64(rbd.ImageOptionFeatures, w.features); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -370,7 +400,11 @@ func (w *preciseWorkload) query(src *rsm.Source, p *preciseImage, base, target s
 	if cid == "" {
 		cid = "rsm-e2e"
 	}
-	id := func(s string) string { return cid + "/" + pool + "/" + p.name + "@" + s }
+	img := pool + "/" + p.name
+	if w.ns != "" {
+		img = pool + "/" + w.ns + "/" + p.name
+	}
+	id := func(s string) string { return cid + "/" + img + "@" + s }
 	secrets := w.secrets
 	if secrets == nil {
 		secrets = preciseSecrets(t)
@@ -453,6 +487,13 @@ func (w *preciseWorkload) check(srcs map[string]*rsm.Source, tot *preciseTotals)
 				}
 				if st.Unrefined != "" || st.Fallbacks != 0 {
 					t.Errorf("%s: not refined: %+v", what, st)
+				}
+				walked := st.Candidates == "walk" || st.Candidates == "listing"
+				if want := w.walks && m.opts.Walk != rsm.WalkLibrbd; walked != want {
+					t.Errorf("%s: candidates %q, want the walk: %v", what, st.Candidates, want)
+				}
+				if want := map[string]string{rsm.WalkList: "listing", rsm.WalkProbe: "walk"}[m.opts.Walk]; w.walks && want != "" && st.Candidates != want {
+					t.Errorf("%s: candidates %q, want %q", what, st.Candidates, want)
 				}
 				if reported > 0 && st.Objects == 0 {
 					t.Errorf("%s: reported %d bytes but refined no object", what, reported)

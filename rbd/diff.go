@@ -29,6 +29,9 @@ type Diff struct {
 	// trustObjectMap: precise deltas take their candidates from the
 	// object map's dirty bits (Options.TrustObjectMap).
 	trustObjectMap bool
+	// walk: how precise mode finds the candidates of an image without a
+	// usable object map (Options.Walk).
+	walk string
 
 	mu       sync.Mutex // serializes Iterate and Close
 	ioctx    *rados.IOContext
@@ -299,6 +302,25 @@ func (d *Diff) Iterate(ctx context.Context, offset int64, fn func(offset, length
 	}
 
 	rawOff, rawLen := uint64(offset+d.header), uint64(d.capacity-offset)
+	if d.refine.walks() {
+		// No usable object map: precise mode lists the objects itself.
+		pipe := d.refine.pipeline(ctx, rawOff, rawLen, nil, cb)
+		rs, err := d.refine.walkRanges(ctx, int64(rawOff), int64(rawOff+rawLen))
+		if err == nil {
+			pipe.walk(rs)
+		}
+		err = pipe.finish(err)
+		mu.Lock()
+		defer mu.Unlock()
+		if panicked != nil {
+			panic(panicked)
+		}
+		if kept != nil {
+			return kept
+		}
+		d.discardConnOnTimeout(err)
+		return err
+	}
 	run := librbd.DiffIterateCallback(cb)
 	var pipe *pipeline // precise mode: refines librbd's whole objects for cb
 	if d.refine.usable() {

@@ -18,6 +18,14 @@ import (
 type candidate struct {
 	off, len int64
 	exists   bool
+	// objs are the objects of a walk's candidate (pipeline.walk), which
+	// may hold several, not necessarily adjacent; nil: the one object of
+	// [off, off+len).
+	objs []int64
+	// fresh: the object maps say the object exists at the target
+	// snapshot and not at the base (pipeline.before), so its delta is
+	// its extents at the target (refiner.delta).
+	fresh bool
 }
 
 // pipeline sits between librbd's whole-object diff-iterate and Iterate's
@@ -46,6 +54,7 @@ type pipeline struct {
 	objSize  int64
 	skipGone bool // allocated: candidates that do not exist hold no data
 	max      int
+	batch    int // objects per candidate of walk; 0 or 1: one
 	refine   func(context.Context, candidate) ([]span, error)
 	emit     librbd.DiffIterateCallback
 	fellBack func(error) // counts a fallback
@@ -55,6 +64,11 @@ type pipeline struct {
 	// or not (see refiner.shrunk), taken one at a time by force.
 	forced []span
 	next   int64 // where the last candidate started ends
+	// before, when set (hasBefore), are the raw ranges of the objects
+	// that exist at the base snapshot by its object map, ascending: a
+	// candidate that exists at the target outside them is fresh.
+	before    []span
+	hasBefore bool
 
 	window  []*job
 	stopped bool  // feed answers errStop
@@ -112,12 +126,64 @@ func (p *pipeline) feed(off, length uint64, exists int, _ any) (ret int) {
 	}
 	for o < end {
 		oe := min(end, (o/p.objSize+1)*p.objSize)
-		if !p.add(candidate{off: o, len: oe - o, exists: exists != 0}) {
+		if !p.add(candidate{off: o, len: oe - o, exists: exists != 0, fresh: exists != 0 && p.hasBefore && !p.existedBefore(o)}) {
 			return errStop
 		}
 		o = oe
 	}
 	return 0
+}
+
+// walk makes every object of the raw ranges rs (ascending, merged, in
+// whole objects but at the ends of the Iterate range) a candidate, in
+// image order, instead of librbd's whole-object diff naming them: for an
+// image without a usable object map, where librbd would run list_snaps on
+// each object itself, one at a time. With batch > 1 a candidate holds up
+// to batch objects, not necessarily adjacent (candidate.objs). The window
+// bounds memory and the queries in flight as for feed; it returns once
+// the ranges are walked or the pipeline stopped (finish says why).
+func (p *pipeline) walk(rs []span) {
+	batch := int64(max(p.batch, 1))
+	var c candidate
+	flush := func() bool {
+		if len(c.objs) == 0 {
+			return true
+		}
+		ok := p.add(c)
+		c = candidate{}
+		return ok
+	}
+	for _, r := range rs {
+		for o := r.off; o < r.end(); {
+			if p.stopped {
+				return
+			}
+			if err := p.ctx.Err(); err != nil {
+				p.stop(err)
+				return
+			}
+			oe := min(r.end(), (o/p.objSize+1)*p.objSize)
+			if len(c.objs) == 0 {
+				c = candidate{off: o, exists: true}
+			}
+			c.objs = append(c.objs, o/p.objSize)
+			c.len = oe - c.off
+			if int64(len(c.objs)) >= batch && !flush() {
+				return
+			}
+			o = oe
+		}
+	}
+	flush()
+}
+
+// existedBefore reports whether the object at raw offset o is within
+// p.before; offsets must come in ascending order.
+func (p *pipeline) existedBefore(o int64) bool {
+	for len(p.before) > 0 && p.before[0].end() <= o {
+		p.before = p.before[1:]
+	}
+	return len(p.before) > 0 && p.before[0].off <= o
 }
 
 // add starts c once the window has room.
@@ -237,7 +303,7 @@ func (p *pipeline) run(c candidate) ([]span, error) {
 		// Only a timeout stops: EOPNOTSUPP, also UNAVAILABLE to the
 		// client, is what an erasure-coded pool may answer to a query
 		// that a replicated one serves, and that object falls back.
-		if err = classify(err); errors.Is(err, os.ErrDeadlineExceeded) && errnoOf(err) != int(syscall.EOPNOTSUPP) {
+		if err = classify(err); isTimeout(err) {
 			return nil, fmt.Errorf("refine the changes at %d+%d: %w", c.off, c.len, err)
 		}
 		p.fellBack(err)
@@ -267,4 +333,11 @@ func (p *pipeline) finish(err error) error {
 		return p.err
 	}
 	return err
+}
+
+// isTimeout reports whether err says the cluster did not answer in time,
+// which stops a pipeline (see pipeline) rather than fall back.
+func isTimeout(err error) bool {
+	err = classify(err)
+	return errors.Is(err, os.ErrDeadlineExceeded) && errnoOf(err) != int(syscall.EOPNOTSUPP)
 }

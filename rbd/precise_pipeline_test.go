@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -331,5 +332,152 @@ func TestPipelineExistence(t *testing.T) {
 	want := []span{{0, 25}, {100, 25}, {300, 25}, {500, 25}}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("got  %v\nwant %v", got, want)
+	}
+}
+
+// TestPipelineWalk: the walk makes every object of the range a candidate,
+// from an offset inside an object, in image order, with the window bounding
+// the jobs in flight; an object refined to nothing yields nothing; a
+// cancel stops it with the context's error.
+func TestPipelineWalk(t *testing.T) {
+	var inFlight, peak, fellBack atomic.Int64
+	inner := fakeRefine(map[int64]bool{9: true}, &inFlight, &peak)
+	refine := func(ctx context.Context, c candidate) ([]span, error) {
+		if (c.off/100)%5 == 0 { // absent at both snapshots
+			return nil, nil
+		}
+		return inner(ctx, c)
+	}
+	var got []span
+	p := newPipeline(context.Background(), 100, 6, false, refine, func(off, length uint64, _ int, _ any) int {
+		got = append(got, span{int64(off), int64(length)})
+		return 0
+	}, func(error) { fellBack.Add(1) })
+	p.walk([]span{{250, 4030 - 250}})
+	if err := p.finish(nil); err != nil {
+		t.Fatal(err)
+	}
+	want := []span{{250, 12}} // the candidate [250, 300), refined to its quarter
+	for i := int64(3); i <= 40; i++ {
+		switch {
+		case i%5 == 0:
+		case i == 9:
+			want = append(want, span{900, 100})
+		case i == 40:
+			want = append(want, span{4000, 7})
+		default:
+			want = append(want, span{i * 100, 25})
+		}
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("got  %v\nwant %v", got, want)
+	}
+	if peak.Load() > 6 {
+		t.Errorf("%d jobs at once, window 6", peak.Load())
+	}
+	if fellBack.Load() != 1 {
+		t.Errorf("%d fallbacks, want 1", fellBack.Load())
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	n := 0
+	p = newPipeline(ctx, 100, 4, false, refine, func(uint64, uint64, int, any) int {
+		if n++; n == 3 {
+			cancel()
+		}
+		return 0
+	}, func(error) {})
+	p.walk([]span{{0, 1 << 40}})
+	if err := p.finish(nil); !errors.Is(err, context.Canceled) {
+		t.Errorf("after a cancel: %v, want context.Canceled", err)
+	}
+}
+
+// TestPipelineWalkListed: a walk over listed ranges with gaps, batch 3:
+// each candidate holds up to three objects, not necessarily adjacent,
+// spans from its first to its last, and is clipped at the range's ends.
+func TestPipelineWalkListed(t *testing.T) {
+	var cands []candidate
+	refine := func(_ context.Context, c candidate) ([]span, error) {
+		cands = append(cands, c)
+		var out []span
+		for _, o := range c.objs {
+			out = append(out, span{o*100 + 10, 5})
+		}
+		return out, nil
+	}
+	var got []span
+	p := newPipeline(context.Background(), 100, 1, false, refine, func(off, length uint64, _ int, _ any) int {
+		got = append(got, span{int64(off), int64(length)})
+		return 0
+	}, func(error) {})
+	p.batch = 3
+	p.walk([]span{{150, 50}, {500, 200}, {1200, 100}, {4000, 20}})
+	if err := p.finish(nil); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"{150 550 true [1 5 6] false}", "{1200 2820 true [12 40] false}"}
+	if len(cands) != 2 || fmt.Sprint(cands[0]) != want[0] || fmt.Sprint(cands[1]) != want[1] {
+		t.Errorf("candidates %v, want %v", cands, want)
+	}
+	// Object 1's extent at 110 lies before the candidate's start (150):
+	// clipped away; object 40's at 4010 within [4000, 4020).
+	if w := "[{510 5} {610 5} {1210 5} {4010 5}]"; fmt.Sprint(got) != w {
+		t.Errorf("got %v, want %s", got, w)
+	}
+}
+
+// TestObjectNumber: the inverse of dataObject, and nothing else.
+func TestObjectNumber(t *testing.T) {
+	for _, c := range []struct {
+		name, prefix string
+		old          bool
+		want         int64
+		ok           bool
+	}{
+		{"rbd_data.abc.000000000000002a", "rbd_data.abc", false, 42, true},
+		{"rbd_data.abc.000000000000002A", "rbd_data.abc", false, 0, false},
+		{"rbd_data.abc.00000000002a", "rbd_data.abc", false, 0, false},
+		{"rbd_data.abcd.000000000000002a", "rbd_data.abc", false, 0, false},
+		{"rbd_header.abc", "rbd_data.abc", false, 0, false},
+		{"rb.0.1.2.00000000002a", "rb.0.1.2", true, 42, true},
+		{"rb.0.1.2.000000000000002a", "rb.0.1.2", true, 0, false},
+		{"rbd_data.abc.ffffffffffffffff", "rbd_data.abc", false, 0, false},
+	} {
+		got, ok := objectNumber(c.name, c.prefix, c.old)
+		if got != c.want || ok != c.ok {
+			t.Errorf("objectNumber(%q, %q, %v) = %d, %v; want %d, %v", c.name, c.prefix, c.old, got, ok, c.want, c.ok)
+		}
+	}
+	if got := fmt.Sprint(objectSpans([]int64{0, 1, 3, 7, 8}, 10, 75)); got != "[{0 20} {30 10} {70 10}]" {
+		t.Errorf("objectSpans: %s", got)
+	}
+}
+
+// TestPipelineFresh: with the base's existing objects known, a candidate
+// that exists at the target outside them is fresh; one inside them, one
+// forced, or one that does not exist at the target is not.
+func TestPipelineFresh(t *testing.T) {
+	var mu sync.Mutex
+	fresh := map[int64]bool{}
+	refine := func(_ context.Context, c candidate) ([]span, error) {
+		mu.Lock()
+		fresh[c.off/100] = c.fresh
+		mu.Unlock()
+		return nil, nil
+	}
+	p := newPipeline(context.Background(), 100, 4, false, refine, func(uint64, uint64, int, any) int { return 0 }, func(error) {})
+	p.before, p.hasBefore = []span{{200, 200}, {900, 100}}, true
+	p.forced = []span{{700, 100}}
+	p.feed(0, 300, 1, nil)   // objects 0, 1: fresh; 2: existed
+	p.feed(300, 200, 1, nil) // 3: existed; 4: fresh
+	p.feed(500, 100, 0, nil) // 5: gone at the target
+	p.feed(900, 200, 1, nil) // 7 forced before it; 9 existed; 10 fresh
+	if err := p.finish(nil); err != nil {
+		t.Fatal(err)
+	}
+	want := map[int64]bool{0: true, 1: true, 2: false, 3: false, 4: true, 5: false, 7: false, 9: false, 10: true}
+	if fmt.Sprint(fresh) != fmt.Sprint(want) {
+		t.Errorf("fresh %v\nwant  %v", fresh, want)
 	}
 }

@@ -65,6 +65,38 @@ func mapext(ioctx *rados.IOContext, oid string, off, length int64) ([]span, erro
 	return parseSpans(words(p, n))
 }
 
+// listSnapsBatch returns the snap sets of the objects oids, all asked for
+// at once, and per object the error of its list_snaps (radosErr(-ENOENT):
+// no such object); err is set when the queries could not be sent. ioctx's
+// read snapshot must be snapDir.
+//
+// Implements (radospp.cpp): librados::ObjectReadOperation::list_snaps,
+// librados::IoCtx::aio_operate.
+func listSnapsBatch(ioctx *rados.IOContext, oids []string) (sss []snapSet, errs []error, err error) {
+	coids := make([]*C.char, len(oids))
+	for i, o := range oids {
+		coids[i] = C.CString(o)
+	}
+	defer func() {
+		for _, c := range coids {
+			C.free(unsafe.Pointer(c))
+		}
+	}()
+	// The array of C pointers lives in C memory: cgo forbids passing Go
+	// memory that holds pointers.
+	arr := (**C.char)(C.malloc(C.size_t(len(oids)) * C.size_t(unsafe.Sizeof(uintptr(0)))))
+	defer C.free(unsafe.Pointer(arr))
+	copy(unsafe.Slice(arr, len(oids)), coids)
+	var (
+		p *C.uint64_t
+		n C.size_t
+	)
+	if r := C.rsm_list_snaps_batch(C.rados_ioctx_t(ioctx.Pointer()), arr, C.size_t(len(oids)), &p, &n); r < 0 {
+		return nil, nil, radosErr(r)
+	}
+	return parseSnapSetBatch(words(p, n), len(oids))
+}
+
 // checksums returns the xxhash64 (seed 0) of each chunk-byte chunk of
 // object oid in [off, off+length) at ioctx's read snapshot; length must be
 // a multiple of chunk, and the range must end within the object.

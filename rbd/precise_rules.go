@@ -16,6 +16,11 @@ type span struct{ off, len int64 }
 
 func (s span) end() int64 { return s.off + s.len }
 
+// overlaps reports whether s and t share a byte.
+func (s span) overlaps(t span) bool {
+	return s.len > 0 && t.len > 0 && s.off < t.end() && t.off < s.end()
+}
+
 // normalize sorts spans, drops empty ones and merges overlapping or
 // adjacent ones, in place.
 func normalize(s []span) []span {
@@ -146,6 +151,29 @@ func parseSnapSet(w []uint64) (snapSet, error) {
 		return bad()
 	}
 	return ss, nil
+}
+
+// parseSnapSetBatch decodes rsm_list_snaps_batch's flat answer for n
+// objects: per object its snap set, or the error of its list_snaps.
+func parseSnapSetBatch(w []uint64, n int) ([]snapSet, []error, error) {
+	sss, errs := make([]snapSet, n), make([]error, n)
+	for i := range n {
+		if len(w) < 2 || uint64(len(w)-2) < w[1] {
+			return nil, nil, fmt.Errorf("list_snaps: malformed batch answer at object %d", i)
+		}
+		rc, k := int64(w[0]), w[1]
+		body := w[2 : 2+k]
+		w = w[2+k:]
+		if rc < 0 {
+			errs[i] = radosErr(rc)
+			continue
+		}
+		sss[i], errs[i] = parseSnapSet(body)
+	}
+	if len(w) != 0 {
+		return nil, nil, fmt.Errorf("list_snaps: %d words left over in a batch answer", len(w))
+	}
+	return sss, errs, nil
 }
 
 // parseSpans decodes rsm_mapext's flat answer: (offset, length) pairs.

@@ -268,3 +268,32 @@ func TestReasonOf(t *testing.T) {
 		}
 	}
 }
+
+// TestParseSnapSetBatch: per object, its snap set or its error, in order.
+func TestParseSnapSetBatch(t *testing.T) {
+	enoent := uint64(1<<64 - 2) // -2 as an int64
+	w := []uint64{
+		0, 6, 7, 1, snapHead, 4096, 0, 0, // a head only
+		enoent, 0, // no such object
+		0, 3, 1, 1, 2, // a malformed snap set: that object alone fails
+	}
+	sss, errs, err := parseSnapSetBatch(w, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := snapSet{seq: 7, clones: []cloneInfo{{id: snapHead, size: 4096, snaps: []uint64{}}}}
+	if d := cmp.Diff(want, sss[0], cmp.AllowUnexported(snapSet{}, cloneInfo{}, span{})); d != "" || errs[0] != nil {
+		t.Errorf("object 0 (-want +got):\n%s%v", d, errs[0])
+	}
+	if !isNoEnt(errs[1]) {
+		t.Errorf("object 1: %v, want ENOENT", errs[1])
+	}
+	if errs[2] == nil {
+		t.Error("object 2: want an error")
+	}
+	for _, bad := range [][]uint64{{}, {0, 3, 1}, append(slices.Clone(w), 9)} {
+		if _, _, err := parseSnapSetBatch(bad, 3); err == nil {
+			t.Errorf("parseSnapSetBatch(%v): want an error", bad)
+		}
+	}
+}

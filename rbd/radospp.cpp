@@ -1,6 +1,7 @@
 // radospp.cpp: see radospp.h. Kept deliberately small: it borrows go-ceph's
 // ioctx (IoCtx::from_rados_ioctx_t takes a reference, the IoCtx destructor
-// drops it), makes synchronous librados calls, and copies the answer
+// drops it), makes librados calls (a batch of them in flight at once
+// in rsm_list_snaps_batch), and copies the answer
 // into a flat malloc'd array of uint64_t. No exception crosses into C.
 //
 // Built against Debian 12's pacific headers, it runs unchanged against
@@ -19,6 +20,23 @@
 #include <rados/librados.hpp>
 
 namespace {
+
+// flatten appends the snap set in rsm_list_snaps' form to w.
+void flatten(const librados::snap_set_t &ss, std::vector<uint64_t> &w) {
+  w.push_back(ss.seq);
+  w.push_back(ss.clones.size());
+  for (const auto &c : ss.clones) {
+    w.push_back(c.cloneid);
+    w.push_back(c.size);
+    w.push_back(c.snaps.size());
+    w.insert(w.end(), c.snaps.begin(), c.snaps.end());
+    w.push_back(c.overlap.size());
+    for (const auto &o : c.overlap) {
+      w.push_back(o.first);
+      w.push_back(o.second);
+    }
+  }
+}
 
 // hand moves words into a malloc'd array owned by the caller.
 int hand(const std::vector<uint64_t> &words, uint64_t **out, size_t *n) {
@@ -45,18 +63,8 @@ extern "C" int rsm_list_snaps(rados_ioctx_t io, const char *oid, uint64_t **out,
     if (r < 0) {
       return r;
     }
-    std::vector<uint64_t> w{ss.seq, ss.clones.size()};
-    for (const auto &c : ss.clones) {
-      w.push_back(c.cloneid);
-      w.push_back(c.size);
-      w.push_back(c.snaps.size());
-      w.insert(w.end(), c.snaps.begin(), c.snaps.end());
-      w.push_back(c.overlap.size());
-      for (const auto &o : c.overlap) {
-        w.push_back(o.first);
-        w.push_back(o.second);
-      }
-    }
+    std::vector<uint64_t> w;
+    flatten(ss, w);
     return hand(w, out, n);
   } catch (const std::bad_alloc &) {
     return -ENOMEM;
@@ -79,6 +87,80 @@ extern "C" int rsm_mapext(rados_ioctx_t io, const char *oid, uint64_t off, uint6
     for (const auto &e : m) {
       w.push_back(e.first);
       w.push_back(e.second);
+    }
+    return hand(w, out, n);
+  } catch (const std::bad_alloc &) {
+    return -ENOMEM;
+  } catch (...) {
+    return -EIO;
+  }
+}
+
+extern "C" int rsm_list_snaps_batch(rados_ioctx_t io, const char *const *oids, size_t count, uint64_t **out, size_t *n) {
+  struct query {
+    librados::ObjectReadOperation op;
+    librados::snap_set_t ss;
+    int rval = 0;
+    librados::AioCompletion *c = nullptr;
+  };
+  std::vector<query> qs;
+  librados::IoCtx ioctx;
+  try {
+    librados::IoCtx::from_rados_ioctx_t(io, ioctx);
+    qs.resize(count);
+  } catch (const std::bad_alloc &) {
+    return -ENOMEM;
+  } catch (...) {
+    return -EIO;
+  }
+  // Start every query; once one is in flight, nothing may leave this
+  // function before it completed, since its operation points into qs.
+  int r = 0;
+  size_t started = 0;
+  for (; started < count; started++) {
+    query &q = qs[started];
+    try {
+      q.op.list_snaps(&q.ss, &q.rval);
+      q.c = librados::Rados::aio_create_completion();
+      r = ioctx.aio_operate(oids[started], q.c, &q.op, nullptr);
+    } catch (const std::bad_alloc &) {
+      r = -ENOMEM;
+    } catch (...) {
+      r = -EIO;
+    }
+    if (r < 0) {
+      if (q.c != nullptr) {
+        q.c->release();
+        q.c = nullptr;
+      }
+      break;
+    }
+  }
+  for (size_t i = 0; i < started; i++) {
+    query &q = qs[i];
+    q.c->wait_for_complete();
+    int rc = q.c->get_return_value();
+    q.c->release();
+    q.c = nullptr;
+    if (rc < 0) {
+      q.rval = rc;
+    }
+  }
+  if (r < 0) {
+    return r;
+  }
+  try {
+    std::vector<uint64_t> w;
+    for (query &q : qs) {
+      w.push_back(static_cast<uint64_t>(static_cast<int64_t>(q.rval)));
+      if (q.rval < 0) {
+        w.push_back(0);
+        continue;
+      }
+      size_t at = w.size();
+      w.push_back(0);
+      flatten(q.ss, w);
+      w[at] = w.size() - at - 1;
     }
     return hand(w, out, n);
   } catch (const std::bad_alloc &) {

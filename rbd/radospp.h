@@ -31,6 +31,15 @@ extern "C" {
 int rsm_list_snaps(rados_ioctx_t io, const char *oid, uint64_t **out, size_t *n);
 
 /*
+ * rsm_list_snaps_batch: rsm_list_snaps of count objects at once, all in
+ * flight together (aio), in one call. Per object, in order: its result
+ * (0 or a negative errno, as a two's complement int64), the number of
+ * words that follow, then its snap set as rsm_list_snaps gives it (none
+ * on error). A failure to start a query fails the whole call.
+ */
+int rsm_list_snaps_batch(rados_ioctx_t io, const char *const *oids, size_t count, uint64_t **out, size_t *n);
+
+/*
  * rsm_mapext: IoCtx::mapext, the allocated extents of the object at the
  * ioctx's read snapshot within [off, off+len), without data:
  *   (offset, length) * (n / 2), ascending.

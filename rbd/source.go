@@ -44,6 +44,11 @@ type Options struct {
 	// bits on changed objects: `rbd snap rollback`, and copy-on-read
 	// clones (rbd_clone_copy_on_read). See precise.go.
 	TrustObjectMap bool
+	// Walk says how precise mode finds the candidates of an image without
+	// a usable object map (no fast-diff, or a map flagged invalid):
+	// WalkAuto (the default), WalkList, WalkProbe or WalkLibrbd (see
+	// precise_list.go).
+	Walk string
 }
 
 // Default option values.
@@ -176,7 +181,7 @@ func (s *Source) Open(ctx context.Context, req Request) (_ *Diff, err error) {
 	if _, err := lc.get(); err != nil {
 		return nil, err
 	}
-	d := &Diff{conns: s.conns, cc: lc.take(), target: tref, base: bref, whole: s.opts.WholeObject, trustObjectMap: s.opts.TrustObjectMap}
+	d := &Diff{conns: s.conns, cc: lc.take(), target: tref, base: bref, whole: s.opts.WholeObject, trustObjectMap: s.opts.TrustObjectMap, walk: s.opts.Walk}
 	defer func() {
 		if err != nil {
 			d.discardConnOnTimeout(err)

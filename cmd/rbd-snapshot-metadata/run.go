@@ -40,6 +40,7 @@ func run(args []string) int {
 		blockType   = fs.String("block-metadata-type", "VARIABLE_LENGTH", "VARIABLE_LENGTH or FIXED_LENGTH")
 		blockSize   = fs.Int64("fixed-block-size", 1<<20, "tuple size in bytes for FIXED_LENGTH")
 		precision   = fs.String("precision", "precise", "precise: the bytes that changed (object map, then RADOS queries per changed object); exact: librbd's per-extent diff; object: whole RADOS objects (fast with fast-diff)")
+		walk        = fs.String("precise-walk", "auto", "how precise mode finds the objects of an image without a usable object map (no fast-diff): list (RADOS object listing of the pool's namespace: costs the pool's object count), probe (list_snaps of every object number, many in flight: costs the image's size), auto (list unless the pool holds over 16 objects per object of the image), librbd (librbd's own walk, one object at a time); see README, Performance")
 		trustOM     = fs.Bool("trust-object-map", false, "precise deltas take candidates from the object map's dirty bits: faster, but misses changes after rbd snap rollback and on copy-on-read clones (see README, Precision)")
 		mountTO     = fs.Duration("ceph-connect-timeout", rbd.DefaultMountTimeout, "how long connecting to the monitors may take (librados client_mount_timeout)")
 		opTO        = fs.Duration("ceph-op-timeout", rbd.DefaultOpTimeout, "librados monitor and OSD operation timeout")
@@ -75,6 +76,15 @@ func run(args []string) int {
 		fmt.Fprintf(os.Stderr, "--precision: want precise, exact or object, got %q\n", *precision)
 		return 2
 	}
+	walkMode := *walk
+	switch walkMode {
+	case "auto":
+		walkMode = rbd.WalkAuto
+	case rbd.WalkList, rbd.WalkProbe, rbd.WalkLibrbd:
+	default:
+		fmt.Fprintf(os.Stderr, "--precise-walk: want auto, list, probe or librbd, got %q\n", *walk)
+		return 2
+	}
 
 	logger := klog.Background()
 	src := rbd.NewSource(rbd.Options{
@@ -86,6 +96,7 @@ func run(args []string) int {
 		WholeObject:    wholeObject,
 		Precise:        precise,
 		TrustObjectMap: *trustOM,
+		Walk:           walkMode,
 	})
 	defer src.Close()
 	m := metrics.New(func() float64 { return float64(src.Stats().Conns) })
@@ -104,7 +115,7 @@ func run(args []string) int {
 	}
 	logger.Info("Starting", "version", version, "driver", *driverName, "clusterConfig", *configPath,
 		"blockMetadataType", *blockType, "fixedBlockSize", *blockSize, "precision", *precision,
-		"trustObjectMap", *trustOM, "maxStreams", *maxStreams, "stallTimeout", *stall)
+		"trustObjectMap", *trustOM, "preciseWalk", *walk, "maxStreams", *maxStreams, "stallTimeout", *stall)
 
 	ctx, stop := signal.NotifyContext(klog.NewContext(context.Background(), logger), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
