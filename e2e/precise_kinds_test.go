@@ -57,6 +57,8 @@ func TestPreciseVolumeKinds(t *testing.T) {
 	for _, k := range preciseKinds {
 		t.Run(k.name, func(t *testing.T) {
 			w := newPreciseWorkload(t, openIOContext(t, conn, pool, k.ns), seed)
+			// Without an object map precise mode walks the objects.
+			w.walks = k.features != 0 && k.features&rbd.FeatureObjectMap == 0
 			if k.ns != "" {
 				w.clusterID = "rsm-e2e-ns1" // csi-config.json's ID for namespace ns1
 			}

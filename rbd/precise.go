@@ -772,9 +772,10 @@ func (r *refiner) deltaOf(ctx context.Context, objno int64, name string, ss snap
 		changed = withoutHoles(changed, own1, own2, min(od.size1, od.size2))
 	}
 	changed = shift(changed, base)
-	if len(changed) > 0 && !(od.exists1 && od.exists2) && (r.base.underParent(base) || r.top.underParent(base)) {
+	if len(changed) > 0 && (!(od.exists1 && od.exists2) || holes) && (r.base.underParent(base) || r.top.underParent(base)) {
 		// The object hides parent data at one snapshot, maybe a copy of
-		// it (precise_copyup.go): compare the content.
+		// it, or a large change hit one that a copy-up filled with zeros
+		// (precise_copyup.go): compare the content.
 		return r.changedChunks(ctx, changed)
 	}
 	return changed, nil
