@@ -86,9 +86,7 @@ func (w *preciseWorkload) open(p *preciseImage) {
 func (w *preciseWorkload) write(p *preciseImage, off, length uint64) {
 	w.t.Helper()
 	data := make([]byte, length)
-	for i := range data {
-		data[i] = byte(w.rng.UintN(255) + 1)
-	}
+	w.fill(data)
 	w.logf("write %d+%d", off, length)
 	if n, err := p.img.WriteAt(data, int64(off)); err != nil || n != len(data) {
 		w.t.Fatalf("write %d+%d to %s: %d, %v", off, length, p.name, n, err)
