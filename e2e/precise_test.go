@@ -147,12 +147,12 @@ func TestPreciseOracle(t *testing.T) {
 			start := time.Now()
 			w.run()
 			built := time.Now()
-			n := w.check(srcs, tot)
+			h := w.check(srcs, tot)
 			w.migrate(srcs, tot)
 			p := w.images[len(w.images)-1]
-			t.Logf("%v: %d images, the last of %d objects of %d KiB, %d snapshots, %d queries per mode; history %v, checks %v",
-				w.kindList(), len(w.images), (p.size+p.objSize-1)/p.objSize, p.objSize>>10, len(p.snaps), n,
-				built.Sub(start).Round(time.Millisecond), time.Since(built).Round(time.Millisecond))
+			t.Logf("%v: %d images, the last of %d objects of %d KiB, %d snapshots, %d queries per mode; history %v, checks %v; Allocated / Delta ratio: %s",
+				w.kindList(), len(w.images), (p.size+p.objSize-1)/p.objSize, p.objSize>>10, len(p.snaps), h.queries[0]+h.queries[1],
+				built.Sub(start).Round(time.Millisecond), time.Since(built).Round(time.Millisecond), h.ratios())
 			if t.Failed() {
 				t.Logf("replay with RSM_E2E_SEED=%d; kinds %v; history:\n%s", seed, w.kindList(), strings.Join(w.log, "\n"))
 			}
@@ -238,6 +238,16 @@ func (tot *preciseTotals) table() string {
 			tot.migrations, tot.migRefused, tot.migAnswered, tot.migMissed)
 	}
 	return b.String()
+}
+
+// ratios gives each mode's Allocated and Delta ratios, on one line.
+func (tot *preciseTotals) ratios() string {
+	var b []string
+	for _, m := range preciseModes {
+		x := tot.modes[m.name]
+		b = append(b, fmt.Sprintf("%s %.2f× / %.2f×", m.name, float64(x[0].reported)/float64(max(tot.truth[0], 1)), float64(x[1].reported)/float64(max(tot.truth[1], 1))))
+	}
+	return strings.Join(b, ", ")
 }
 
 func preciseMiB(n int64) string { return fmt.Sprintf("%.2f MiB", float64(n)/float64(mib)) }
@@ -577,16 +587,17 @@ func (w *preciseWorkload) query(src *rsm.Source, p *preciseImage, base, target s
 
 // check runs the queries of pairs on the last image, in each mode, against
 // the oracle; half of them run again from an offset inside an object. The
-// figures go to tot and to the totals of each of the history's kinds. It
-// returns the number of queries per mode.
-func (w *preciseWorkload) check(srcs map[string]*rsm.Source, tot *preciseTotals) int {
+// figures go to tot and to the totals of each of the history's kinds; it
+// returns the history's own.
+func (w *preciseWorkload) check(srcs map[string]*rsm.Source, tot *preciseTotals) *preciseTotals {
 	t := w.t
 	p := w.images[len(w.images)-1]
 	w.data = map[string][]byte{}
 	for _, s := range p.snaps {
 		w.data[s] = w.readSnap(p, s)
 	}
-	tots := []*preciseTotals{tot}
+	h := newPreciseTotals()
+	tots := []*preciseTotals{tot, h}
 	for _, k := range w.kindList() {
 		x := tot.kind(k)
 		x.histories++
@@ -664,7 +675,7 @@ func (w *preciseWorkload) check(srcs map[string]*rsm.Source, tot *preciseTotals)
 			}
 		}
 	}
-	return len(pairs)
+	return h
 }
 
 // pairs lists the queries of a history's checked image: Allocated of
