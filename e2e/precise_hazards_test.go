@@ -96,6 +96,7 @@ func (w *preciseWorkload) write(p *preciseImage, off, length uint64) {
 // rollback rolls p back to its snapshot snap, as `rbd snap rollback` does.
 func (w *preciseWorkload) rollback(p *preciseImage, snap string) {
 	w.t.Helper()
+	w.kind("rollback")
 	w.logf("rollback %s to %s", p.name, snap)
 	if err := p.img.GetSnapshot(snap).Rollback(); err != nil {
 		w.t.Fatalf("rollback %s to %s: %v", p.name, snap, err)
@@ -186,10 +187,7 @@ func TestPreciseCopyOnRead(t *testing.T) {
 	}
 	w.snap(parent)
 	p := w.hazardImage(parent, 0, 20)
-	if err := p.img.SetMetadata("conf_rbd_clone_copy_on_read", "true"); err != nil {
-		t.Fatal(err)
-	}
-	w.open(p) // the writer now copies up on read
+	w.copyOnRead(p) // the writer now copies up on read
 	w.snap(p)
 	// The copy-up starts once the read returned; the write must reach the
 	// object while the copy-up decides the object map state, so the trials

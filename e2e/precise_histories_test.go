@@ -221,7 +221,7 @@ func (w *preciseWorkload) migrate(srcs map[string]*rsm.Source, tot *preciseTotal
 			}
 			missed, first := preciseMissed(before, w.data[q[1]], got, 0)
 			tot.migMissed += missed
-			w.judge(m.unsafe, what, missed, first, fmt.Sprintf("; reported %v", got))
+			w.judge(m.unsafe, m.when, what, missed, first, fmt.Sprintf("; reported %v", got))
 		}
 	}
 }
