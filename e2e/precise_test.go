@@ -5,12 +5,17 @@ package e2e
 // Precise mode against a byte-level oracle. Each seed builds a random
 // history on a real image (writes into new, existing and parent-only
 // objects, zero writes, whole and partial discards, growth and shrink,
-// clones of clones, snapshots in between), reads every snapshot back in
-// full through librbd, and checks that each mode reports every byte that
-// is non-zero (Allocated) or differs (Delta): 0 missed bytes. It also sums
-// the reported bytes and time per mode, against the truly changed bytes
-// counted in 4 KiB blocks (a block counts whole when any byte in it
-// changed), and prints the precision table.
+// clones of clones, snapshots in between, and the kinds of
+// precise_histories_test.go: write-zeroes, re-created objects,
+// shrink-grow across snapshots, clones grown past their parent, copy-on-read,
+// rollbacks, format 1, migration, objects of 64 KiB to 32 MiB), reads every
+// snapshot back in full through librbd, and checks that each mode reports
+// every byte that is non-zero (Allocated) or differs (Delta): 0 missed
+// bytes, also when Iterate starts at an offset inside an object. It also
+// sums the reported bytes and time per mode, against the truly changed
+// bytes counted in 4 KiB blocks (a block counts whole when any byte in it
+// changed), and prints the precision table, per mode and per kind of
+// history.
 //
 //	./dev.sh e2e -run TestPrecise -v                  # default seeds
 //	RSM_E2E_SEEDS=200 ./dev.sh e2e -run TestPrecise   # more
@@ -282,6 +287,7 @@ type preciseWorkload struct {
 	zeroed    bool              // a write-zeroes was checked to zero
 	format1   bool              // the first image is of format 1
 	migrating bool              // migrate prepares a migration once checked
+	allPairs  bool              // check every Delta, not a sample
 }
 
 func newPreciseWorkload(t *testing.T, ioctx *rados.IOContext, seed uint64) *preciseWorkload {
@@ -681,7 +687,7 @@ func (w *preciseWorkload) check(srcs map[string]*rsm.Source, tot *preciseTotals)
 
 // pairs lists the queries of a history's checked image: Allocated of
 // every snapshot, and the Deltas between consecutive snapshots, from the
-// first, and six more at random. Every pair would grow with the square of
+// first, and six more at random (all of them when allPairs is set). Every pair would grow with the square of
 // the snapshots, which the shrink-grow histories make many of.
 func (w *preciseWorkload) pairs(snaps []string) [][2]string {
 	var pairs [][2]string
@@ -706,6 +712,9 @@ func (w *preciseWorkload) pairs(snaps []string) [][2]string {
 				rest = append(rest, [2]string{b, s})
 			}
 		}
+	}
+	if w.allPairs {
+		return append(pairs, rest...)
 	}
 	w.rng.Shuffle(len(rest), func(i, j int) { rest[i], rest[j] = rest[j], rest[i] })
 	pairs = append(pairs, rest[:min(6, len(rest))]...)
