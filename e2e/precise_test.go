@@ -66,6 +66,9 @@ var preciseModes = []struct {
 type preciseTally struct {
 	reported, missed int64
 	dur              time.Duration
+	// Reported bytes that did not change: zero on both sides (written
+	// zeros, zeroed zeros), or the same data (rewritten unchanged).
+	zeros, same int64
 }
 
 type preciseTotals struct {
@@ -207,20 +210,21 @@ func (tot *preciseTotals) table() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "precision over %d allocated and %d delta queries (truly changed: %s allocated, %s delta in 4 KiB blocks; %s and %s byte-exact)\n",
 		tot.queries[0], tot.queries[1], preciseMiB(tot.truth[0]), preciseMiB(tot.truth[1]), preciseMiB(tot.exact[0]), preciseMiB(tot.exact[1]))
-	fmt.Fprintf(&b, "| mode | Allocated reported | ratio | Delta reported | ratio | missed bytes | time |\n|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "| mode | Allocated reported | ratio | Delta reported | ratio | missed bytes | time | reported unchanged, zeros / data (4 KiB blocks) |\n|---|---|---|---|---|---|---|---|\n")
 	for _, m := range preciseModes {
 		x := tot.modes[m.name]
-		fmt.Fprintf(&b, "| %s | %s | %.2f× | %s | %.2f× | %d | %v |\n", m.name,
+		fmt.Fprintf(&b, "| %s | %s | %.2f× | %s | %.2f× | %d | %v | %s / %s |\n", m.name,
 			preciseMiB(x[0].reported), float64(x[0].reported)/float64(max(tot.truth[0], 1)),
 			preciseMiB(x[1].reported), float64(x[1].reported)/float64(max(tot.truth[1], 1)),
-			x[0].missed+x[1].missed, (x[0].dur + x[1].dur).Round(time.Millisecond))
+			x[0].missed+x[1].missed, (x[0].dur + x[1].dur).Round(time.Millisecond),
+			preciseMiB(x[0].zeros+x[1].zeros), preciseMiB(x[0].same+x[1].same))
 	}
 	if len(tot.kinds) > 0 {
 		fmt.Fprintf(&b, "\nper kind of history (a history has several kinds): Allocated / Delta ratio, missed bytes\n| kind | histories | queries | truly changed |")
 		for _, m := range preciseModes {
 			fmt.Fprintf(&b, " %s |", m.name)
 		}
-		fmt.Fprintf(&b, "\n|---|---|---|---|%s\n", strings.Repeat("---|", len(preciseModes)))
+		fmt.Fprintf(&b, " precise: unchanged zeros / data |\n|---|---|---|---|%s---|\n", strings.Repeat("---|", len(preciseModes)))
 		for _, k := range slices.Sorted(maps.Keys(tot.kinds)) {
 			x := tot.kinds[k]
 			fmt.Fprintf(&b, "| %s | %d | %d / %d | %s / %s |", k, x.histories, x.queries[0], x.queries[1], preciseMiB(x.truth[0]), preciseMiB(x.truth[1]))
@@ -229,7 +233,8 @@ func (tot *preciseTotals) table() string {
 				fmt.Fprintf(&b, " %.2f× / %.2f×, %d |", float64(y[0].reported)/float64(max(x.truth[0], 1)),
 					float64(y[1].reported)/float64(max(x.truth[1], 1)), y[0].missed+y[1].missed)
 			}
-			b.WriteString("\n")
+			y := x.modes["precise"]
+			fmt.Fprintf(&b, " %s / %s |\n", preciseMiB(y[0].zeros+y[1].zeros), preciseMiB(y[0].same+y[1].same))
 		}
 	}
 	if n := tot.offsets[preciseModes[0].name].queries; n > 0 {
@@ -644,11 +649,14 @@ func (w *preciseWorkload) check(srcs map[string]*rsm.Source, tot *preciseTotals)
 			got := all[0]
 			missed, first := preciseMissed(before, after, got, 0)
 			reported := preciseSum(got, 0)
+			zeros, same := preciseUnchanged(before, after, got)
 			for _, x := range tots {
 				y := &x.modes[m.name][kind]
 				y.reported += reported
 				y.missed += missed
 				y.dur += dur
+				y.zeros += zeros
+				y.same += same
 			}
 			what := fmt.Sprintf("%s %s..%s of %s", m.name, q[0], q[1], p.name)
 			w.judge(m.unsafe, m.when, what, missed, first, fmt.Sprintf("(truth %d bytes in 4 KiB blocks); reported %v", blocks, got))
@@ -735,6 +743,26 @@ func (w *preciseWorkload) judge(unsafe string, when []string, what string, misse
 	default:
 		w.t.Errorf("%s: %d changed bytes not reported, the first at %d %s", what, missed, first, detail)
 	}
+}
+
+// preciseUnchanged counts the bytes of got that did not change between
+// before and after: those zero on both sides, and the others.
+func preciseUnchanged(before, after []byte, got []preciseExtent) (zeros, same int64) {
+	for _, e := range got {
+		for off := int(e.off); off < int(e.off+e.len); {
+			end := min(int(e.off+e.len), (off/preciseBlock+1)*preciseBlock)
+			a, b := after[off:end], preciseAt(before, off, end)
+			if bytes.Equal(a, b) {
+				if bytes.Equal(a, preciseZeros[:end-off]) {
+					zeros += int64(end - off)
+				} else {
+					same += int64(end - off)
+				}
+			}
+			off = end
+		}
+	}
+	return zeros, same
 }
 
 // preciseSum is the number of bytes of got at or after from.
