@@ -72,8 +72,8 @@ e2e() {
 # paging, errors, librbd's own fast-diff), run against the releases that
 # ./dev.sh e2e (reef only) does not cover. RSM_CEPH is the cluster's
 # release, RSM_CLIENT_CEPH the one whose librbd the server and tests use.
-MATRIX_TESTS='^(TestServerMatchesRbdDiff|TestPreciseOracle|TestCSISnapshotHandles|TestHarness.*|TestLibrbdFastDiffShrinkRegrow|TestStartingOffsetAndMaxResults|TestResume|TestClientResumesBrokenStreams|TestErrors|TestWrongKey|TestUserWithoutPoolRights|TestConformance|TestMonitorForms)$'
-CROSS_TESTS='^(TestServerMatchesRbdDiff|TestPreciseOracle|TestCSISnapshotHandles|TestHarnessDiffTrashSnapshotsByID|TestLibrbdFastDiffShrinkRegrow)$'
+MATRIX_TESTS='^(TestServerMatchesRbdDiff|TestPreciseOracle|TestPreciseVolumeKinds|TestCSISnapshotHandles|TestHarness.*|TestLibrbdFastDiffShrinkRegrow|TestStartingOffsetAndMaxResults|TestResume|TestClientResumesBrokenStreams|TestErrors|TestWrongKey|TestKeyOfAnotherType|TestUserWithoutPoolRights|TestConformance|TestMonitorForms)$'
+CROSS_TESTS='^(TestServerMatchesRbdDiff|TestPreciseOracle|TestCSISnapshotHandles|TestHarnessDiffTrashSnapshotsByID|TestLibrbdFastDiffShrinkRegrow|TestKeyOfAnotherType)$'
 
 matrix() {
 	build

@@ -4,7 +4,9 @@ package e2e
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"net"
 	"os"
@@ -283,4 +285,56 @@ func unknownUserUnanswered(t testing.TB, refusedLogin bool, err error) bool {
 	}
 	t.Logf("tentacle's monitor gave a refused login no answer (a known limitation, see the README): %v", err)
 	return true
+}
+
+// TestKeyOfAnotherType: an aes256k cephx key (tentacle's default), which
+// reef's librados cannot read, fails with INVALID_ARGUMENT and a message
+// that says so; tentacle's librados reads it and the cluster refuses it as
+// a wrong key. A key of a type no librados reads fails the same way with
+// both. Neither key may reach the log: librados quotes a key it cannot
+// decode on its own stderr stream.
+func TestKeyOfAnotherType(t *testing.T) {
+	conn := connectAdmin(t)
+	v, img := createVolume(t, conn, "", "keytype", 8*mib, imageFeatures)
+	fillAt(t, img, 0, 4*kib)
+	snapshot(t, img, "s1")
+	srv := startServer(t)
+	key := func(typ uint16) string {
+		raw := make([]byte, 2+8+2+32) // type, created, length, secret
+		binary.LittleEndian.PutUint16(raw, typ)
+		binary.LittleEndian.PutUint16(raw[10:], 32)
+		if _, err := rand.Read(raw[12:]); err != nil {
+			t.Fatal(err)
+		}
+		k := base64.StdEncoding.EncodeToString(raw)
+		srv.hide = append(srv.hide, k)
+		return k
+	}
+	tentacle := os.Getenv("RSM_CLIENT_CEPH") == "tentacle"
+	for _, c := range []struct {
+		name string
+		typ  uint16
+		want codes.Code
+		says string
+	}{
+		{"aes256k", 2, codes.InvalidArgument, "aes256k"},
+		{"type 7", 7, codes.InvalidArgument, "type 7"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := metaReq{target: v.id("s1"), secrets: map[string]string{"userID": clusterEnv(t, "CEPH_CSI_USER"), "userKey": key(c.typ)}}
+			if tentacle && c.typ == 2 {
+				c.want, c.says = codes.Unauthenticated, ""
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			m := srv.call(ctx, r)
+			if c.want == codes.Unauthenticated && unknownUserUnanswered(t, true, m.err) {
+				return
+			}
+			checkFailure(t, srv, r, m, c.want)
+			if msg := status.Convert(m.err).Message(); !strings.Contains(msg, c.says) {
+				t.Errorf("%v: %q does not say %q", r, msg, c.says)
+			}
+		})
+	}
 }

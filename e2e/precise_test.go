@@ -285,6 +285,8 @@ type preciseWorkload struct {
 	rng    *rand.Rand
 	log    []string
 	images []*preciseImage // parents first; the last is the one checked
+	ns     string          // the images' RADOS namespace
+	header uint64          // the last image's LUKS header: not user data
 	// maxSize bounds the images' growth; 0: 64 MiB.
 	maxSize   uint64
 	kinds     map[string]bool   // what the history did, for the table
@@ -525,7 +527,8 @@ func (w *preciseWorkload) read(p *preciseImage, off, length uint64) {
 	}
 }
 
-// read returns the whole snapshot as librbd reads it, parents included.
+// readSnap returns the whole snapshot as librbd reads it, parents
+// included, after the LUKS header of the last image.
 func (w *preciseWorkload) readSnap(p *preciseImage, snap string) []byte {
 	t := w.t
 	img, err := rbd.OpenImageReadOnly(w.ioctx, p.name, snap)
@@ -544,7 +547,7 @@ func (w *preciseWorkload) readSnap(p *preciseImage, snap string) []byte {
 			t.Fatalf("read %s@%s %d: n=%d %v", p.name, snap, off, n, err)
 		}
 	}
-	return buf
+	return buf[w.header:]
 }
 
 // preciseExtent is one reported extent.
@@ -557,7 +560,10 @@ type preciseExtent struct{ off, len int64 }
 func (w *preciseWorkload) query(src *rsm.Source, p *preciseImage, base, target string, mode string, offsets ...int64) ([][]preciseExtent, time.Duration, rsm.PreciseStats) {
 	t := w.t
 	t.Helper()
-	id := func(s string) string { return "rsm-e2e/" + pool + "/" + p.name + "@" + s }
+	id := func(s string) string { return "rsm-e2e/" + pool + "/" + w.ns + "/" + p.name + "@" + s }
+	if w.ns == "" {
+		id = func(s string) string { return "rsm-e2e/" + pool + "/" + p.name + "@" + s }
+	}
 	req := rsm.Request{Target: id(target), Secrets: preciseSecrets(t)}
 	if base != "" {
 		req.Base = id(base)

@@ -3,6 +3,7 @@ package rbd
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -344,5 +345,25 @@ func TestConnCacheBoundsConnects(t *testing.T) {
 	}
 	if s := c.stats(); s.Conns != 0 || s.Refs != 0 {
 		t.Errorf("stats after failed connects: %+v", s)
+	}
+}
+
+// TestKeyTrouble: a key librados refuses with EINVAL is explained by its
+// type, and never quoted.
+func TestKeyTrouble(t *testing.T) {
+	for _, tc := range []struct{ key, want string }{
+		{"AQAY8A5rW8adERAAomp1b3NoV+RmNC+KhpczOA==", ""},                            // reef's ceph-authtool
+		{"AgAa8A5rtvaDEyAA3tetUzql166We1DQGmG5MOMnkpH80lLjnkaU2uwtA3k=", "aes256k"}, // tentacle's
+		{"BwAa8A5rtvaDEyAA", "type 7"},
+		{"not base64!", "not a base64 cephx key"},
+		{"", "not a base64 cephx key"},
+	} {
+		got := keyTrouble(tc.key)
+		if (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
+			t.Errorf("keyTrouble(%q) = %q, want %q", tc.key, got, tc.want)
+		}
+		if tc.key != "" && strings.Contains(got, tc.key) {
+			t.Errorf("keyTrouble quotes the key: %q", got)
+		}
 	}
 }

@@ -2,10 +2,13 @@ package rbd
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/binary"
 	"fmt"
 	"io/fs"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -43,15 +46,19 @@ func connect(p connParams, t timeouts) (*rados.Conn, error) {
 	// A handle that never connected cannot be shut down through go-ceph:
 	// shutdownUnconnected frees it, and its threads, at once.
 	for _, o := range []struct{ name, value string }{
+		// A library does not log: errors are returned, classified, and
+		// librados quotes a key it cannot decode. Its log writes errors
+		// to stderr until a change of these options reaches it, and a
+		// library's defaults are already false: so true, then false.
+		{"err_to_stderr", "true"},
+		{"log_to_stderr", "false"},
+		{"err_to_stderr", "false"},
 		{"mon_host", typeMonHost(context.Background(), p.monHost, min(dialTimeout, t.mount))},
 		{"key", p.key},
 		{"keyring", "/dev/null"},
 		{"client_mount_timeout", seconds(t.mount)},
 		{"rados_mon_op_timeout", seconds(t.op)},
 		{"rados_osd_op_timeout", seconds(t.op)},
-		// A library does not log: errors are returned, classified.
-		{"log_to_stderr", "false"},
-		{"err_to_stderr", "false"},
 	} {
 		if err := conn.SetConfigOption(o.name, o.value); err != nil {
 			shutdownUnconnected(conn)
@@ -74,6 +81,10 @@ func connectError(p connParams, t timeouts, err error) error {
 	switch syscall.Errno(n) {
 	case syscall.EACCES, syscall.EPERM:
 		return fmt.Errorf("%s: %w", what, authError{&cephError{errno: n, kind: fs.ErrPermission, err: err}})
+	case syscall.EINVAL, syscall.EOPNOTSUPP: // reef, tentacle
+		if why := keyTrouble(p.key); why != "" {
+			return fmt.Errorf("%s: %s: %w", what, why, &cephError{errno: n, kind: fs.ErrInvalid, err: err})
+		}
 	case syscall.ETIMEDOUT:
 		if reachable(p.dial, dialTimeout) {
 			return fmt.Errorf("%s: the monitors accept connections but gave no session within %s "+
@@ -84,6 +95,27 @@ func connectError(p connParams, t timeouts, err error) error {
 			what, p.dial, &cephError{errno: n, kind: os.ErrDeadlineExceeded, err: err})
 	}
 	return wrap(what, err)
+}
+
+// keyTrouble says why librados may have refused key (reef with EINVAL,
+// tentacle with EOPNOTSUPP), never
+// quoting it: it is not base64, or it is a cephx key of a type that this
+// librados may not read (tentacle makes aes256k keys, type 2, by default;
+// reef's librados reads only aes keys, type 1). "" for an aes key.
+func keyTrouble(key string) string {
+	b, err := base64.StdEncoding.DecodeString(strings.TrimSpace(key))
+	if err != nil || len(b) < 2 {
+		return "the request's userKey is not a base64 cephx key"
+	}
+	switch t := binary.LittleEndian.Uint16(b); t {
+	case 1:
+		return ""
+	case 2:
+		return "the request's userKey is an aes256k cephx key (tentacle's default), which this server's " +
+			"librados cannot read (reef's cannot): give the user an aes key, or run the server with tentacle's librados"
+	default:
+		return fmt.Sprintf("the request's userKey is a cephx key of type %d, which this server's librados cannot read", t)
+	}
 }
 
 // dialTimeout bounds each TCP dial of reachable, and the wait for the banner.

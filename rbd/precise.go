@@ -25,7 +25,9 @@ package rbd
 //     snapshot, without data), up to preciseWindow objects at once, by the
 //     rules of precise_rules.go; a clone's object that does not exist takes
 //     its parent's extents at the parent snapshot, within the overlap, up
-//     the chain;
+//     the chain; where a clone's object may hold a copy of its parent's
+//     data, per-chunk hashes computed by the OSD tell the copy from the
+//     change (precise_copyup.go);
 //  3. delivery: refined extents reach Iterate's callback in image order,
 //     through a bounded window (precise_pipeline.go), with the same
 //     guarantees as the other modes.
@@ -90,6 +92,7 @@ const (
 	ReasonError      = "error"       // image or object: a query failed
 	ReasonListSnaps  = "list-snaps"  // object: list_snaps failed
 	ReasonMapext     = "mapext"      // object: mapext failed
+	ReasonChecksum   = "checksum"    // object: hashing its chunks failed
 	ReasonSnapSet    = "snap-set"    // object: a snap set precise mode cannot read
 	ReasonPanic      = "panic"       // object: refining panicked
 )
@@ -463,7 +466,14 @@ func (l *layer) view(ctx context.Context, off, end int64) ([]span, error) {
 		case err != nil:
 			return nil, reasoned{ReasonMapext, fmt.Errorf("mapext %s: %w", name, err)}
 		default:
-			out = append(out, clip(shift(ext, base), o, oe)...)
+			ext = clip(shift(ext, base), o, oe)
+			if l.underParent(base) && spanBytes(ext) > copyUpDense {
+				// Maybe copied up densely: leave its zeros out.
+				if ext, err = l.withoutZeros(ctx, ext); err != nil {
+					return nil, err
+				}
+			}
+			out = append(out, ext...)
 		}
 		o = oe
 	}
@@ -502,6 +512,12 @@ func (r *refiner) delta(ctx context.Context, c candidate) ([]span, error) {
 		return nil, reasoned{ReasonSnapSet, fmt.Errorf("object %s: %w", name, err)}
 	}
 	n := od.needs()
+	// A large change inside an object that exists at both snapshots is
+	// most often a discard: keep only what is data at one of them.
+	holes := od.exists1 && od.exists2 && spanBytes(clip(od.changed, 0, min(od.size1, od.size2))) > copyUpDense
+	if holes {
+		n.own1, n.own2 = true, true
+	}
 	var own1, own2, parent1, parent2 []span
 	if n.own1 {
 		if own1, err = mapext(r.base.ioctx, name, 0, size); err != nil {
@@ -523,5 +539,15 @@ func (r *refiner) delta(ctx context.Context, c candidate) ([]span, error) {
 			return nil, err
 		}
 	}
-	return shift(deltaSpans(od, own1, own2, shift(parent1, -base), shift(parent2, -base)), base), nil
+	changed := deltaSpans(od, own1, own2, shift(parent1, -base), shift(parent2, -base))
+	if holes {
+		changed = withoutHoles(changed, own1, own2, min(od.size1, od.size2))
+	}
+	changed = shift(changed, base)
+	if len(changed) > 0 && !(od.exists1 && od.exists2) && (r.base.underParent(base) || r.top.underParent(base)) {
+		// The object hides parent data at one snapshot, maybe a copy of
+		// it (precise_copyup.go): compare the content.
+		return r.changedChunks(ctx, changed)
+	}
+	return changed, nil
 }

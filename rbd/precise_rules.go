@@ -290,3 +290,14 @@ func deltaSpans(d objDiff, own1, own2, parent1, parent2 []span) []span {
 	}
 	return normalize(out)
 }
+
+// withoutHoles returns changed (normalized, relative to an object that
+// exists at both snapshots) without what lies below lo, the smaller of its
+// two sizes, outside both own1 and own2, its allocated extents at s1 and
+// s2: a hole at both reads as zeros at both, so it did not change. Clone
+// overlaps count a discard of never-written bytes as a change.
+func withoutHoles(changed, own1, own2 []span, lo int64) []span {
+	data := normalize(append(clip(own1, 0, lo), clip(own2, 0, lo)...))
+	holes := subtract([]span{{0, lo}}, data)
+	return subtract(changed, holes)
+}

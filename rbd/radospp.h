@@ -1,9 +1,9 @@
 /*
- * radospp.h: the two librados queries of precise mode that librados' C API
+ * radospp.h: the librados queries of precise mode that librados' C API
  * (and so go-ceph) lacks, behind extern "C" for cgo. radospp.cpp implements
  * them with librados' C++ API (librados.hpp, Debian's libradospp-dev).
  *
- * Both take a go-ceph ioctx (IOContext.Pointer()) whose read snapshot the
+ * All take a go-ceph ioctx (IOContext.Pointer()) whose read snapshot the
  * caller has set with rados_ioctx_snap_set_read; they never change it, so
  * they may run concurrently on one ioctx. On success they return 0 and a
  * malloc'd array of *n words in *out, which the caller frees with free();
@@ -37,6 +37,25 @@ int rsm_list_snaps(rados_ioctx_t io, const char *oid, uint64_t **out, size_t *n)
  * An erasure-coded pool answers -EOPNOTSUPP.
  */
 int rsm_mapext(rados_ioctx_t io, const char *oid, uint64_t off, uint64_t len, uint64_t **out, size_t *n);
+
+/*
+ * rsm_chunk_sums: the object's size and the xxhash64 (seed 0) of each
+ * chunk-sized chunk of its data in [off, off+len), at the ioctx's read
+ * snapshot, computed by the OSD (the object's data never travels):
+ *   size, then one sum per whole chunk that lies within both [off, off+len)
+ *   and the object's size, in order.
+ * off and len must be multiples of chunk. Holes read as zeros.
+ */
+int rsm_chunk_sums(rados_ioctx_t io, const char *oid, uint64_t off, uint64_t len, uint64_t chunk,
+                   uint64_t **out, size_t *n);
+
+/*
+ * rsm_silence_cerr: std::cerr writes nothing from now on. librados logs to
+ * it before its configuration applies (log_to_stderr and err_to_stderr
+ * reach its log only once connected), and quotes there a key it cannot
+ * decode. Go's own stderr (klog, the runtime) is not std::cerr.
+ */
+void rsm_silence_cerr(void);
 
 #ifdef __cplusplus
 }
