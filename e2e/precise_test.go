@@ -354,14 +354,11 @@ func (w *preciseWorkload) initialSize(order uint64) uint64 {
 	return uint64(6+w.rng.IntN(6)) * 4 * mib
 }
 
-// fill fills data with random non-zero bytes.
+// fill fills data with random non-zero bytes, one draw per byte, so that
+// a seed replays the histories it made before fill was shared.
 func (w *preciseWorkload) fill(data []byte) {
-	for i := 0; i < len(data); i += 8 {
-		v := w.rng.Uint64()
-		for j := i; j < min(i+8, len(data)); j++ {
-			data[j] = byte(v) | 1
-			v >>= 8
-		}
+	for i := range data {
+		data[i] = byte(w.rng.UintN(255) + 1)
 	}
 }
 
