@@ -89,9 +89,7 @@ func (w *preciseWorkload) open(p *preciseImage) {
 func (w *preciseWorkload) write(p *preciseImage, off, length uint64) {
 	w.t.Helper()
 	data := make([]byte, length)
-	for i := range data {
-		data[i] = byte(w.rng.UintN(255) + 1)
-	}
+	w.fill(data)
 	w.logf("write %d+%d", off, length)
 	if n, err := p.img.WriteAt(data, int64(off)); err != nil || n != len(data) {
 		w.t.Fatalf("write %d+%d to %s: %d, %v", off, length, p.name, n, err)
@@ -101,6 +99,7 @@ func (w *preciseWorkload) write(p *preciseImage, off, length uint64) {
 // rollback rolls p back to its snapshot snap, as `rbd snap rollback` does.
 func (w *preciseWorkload) rollback(p *preciseImage, snap string) {
 	w.t.Helper()
+	w.kind("rollback")
 	w.logf("rollback %s to %s", p.name, snap)
 	if err := p.img.GetSnapshot(snap).Rollback(); err != nil {
 		w.t.Fatalf("rollback %s to %s: %v", p.name, snap, err)
@@ -112,6 +111,7 @@ func (w *preciseWorkload) rollback(p *preciseImage, snap string) {
 func checkHazard(t *testing.T, w *preciseWorkload, srcs map[string]*rsm.Source) {
 	t.Helper()
 	tot := newPreciseTotals()
+	w.allPairs = true // few snapshots, each pair chosen
 	w.check(srcs, tot)
 	t.Log("\n" + tot.table())
 	if t.Failed() {
@@ -191,10 +191,7 @@ func TestPreciseCopyOnRead(t *testing.T) {
 	}
 	w.snap(parent)
 	p := w.hazardImage(parent, 0, 20)
-	if err := p.img.SetMetadata("conf_rbd_clone_copy_on_read", "true"); err != nil {
-		t.Fatal(err)
-	}
-	w.open(p) // the writer now copies up on read
+	w.copyOnRead(p) // the writer now copies up on read
 	w.snap(p)
 	// The copy-up starts once the read returned; the write must reach the
 	// object while the copy-up decides the object map state, so the trials
