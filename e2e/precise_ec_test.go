@@ -114,6 +114,15 @@ func TestPreciseOracleECDataPool(t *testing.T) {
 			t.Errorf("/metrics: precise fallbacks:\n%s", body)
 		}
 	})
+	t.Run("kinds", func(t *testing.T) {
+		// The volume kinds whose data can sit in a data pool, for the
+		// README's table.
+		kinds := []preciseKind{
+			{name: "EC data pool"},
+			{name: "EC data pool, restored from a snapshot", chain: true, mid: csiSnapFeatures},
+		}
+		testPreciseVolumeKinds(t, conn, srcs, kinds, func(w *preciseWorkload) { w.dataPool, w.secrets = ecPool, secrets })
+	})
 	for i, seed := range preciseSeedsOr(t, 3) {
 		io, ns, cid := ioctx, "", "rsm-e2e"
 		if i%2 == 1 {

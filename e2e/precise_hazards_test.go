@@ -40,7 +40,7 @@ import (
 
 // hazardImage creates an image of size bytes and objects of 1<<order bytes
 // (a clone of parent's last snapshot when parent is set), with Ceph-CSI's
-// features, open, as the workload's last image.
+// features and w's data pool, open, as the workload's last image.
 func (w *preciseWorkload) hazardImage(parent *preciseImage, size uint64, order uint64) *preciseImage {
 	t := w.t
 	t.Helper()
@@ -49,6 +49,7 @@ func (w *preciseWorkload) hazardImage(parent *preciseImage, size uint64, order u
 	if err := opts.SetUint64(rbd.ImageOptionOrder, order); err != nil {
 		t.Fatal(err)
 	}
+	w.setDataPool(opts)
 	if parent == nil {
 		if err := rbd.CreateImage(w.ioctx, p.name, size, opts); err != nil {
 			t.Fatalf("create %s: %v", p.name, err)

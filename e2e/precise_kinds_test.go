@@ -8,7 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ceph/go-ceph/rados"
 	"github.com/ceph/go-ceph/rbd"
+
+	rsm "github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd"
 )
 
 // preciseKind is a kind of volume as Ceph-CSI makes it.
@@ -50,18 +53,23 @@ var preciseKinds = []preciseKind{
 // alone report whole objects (120× the data before precise mode compared
 // chunk hashes; see rbd/precise_copyup.go).
 func TestPreciseVolumeKinds(t *testing.T) {
-	conn := connectAdmin(t)
-	srcs := preciseSources(t)
+	testPreciseVolumeKinds(t, connectAdmin(t), preciseSources(t), preciseKinds, func(*preciseWorkload) {})
+}
+
+// testPreciseVolumeKinds runs TestPreciseVolumeKinds's history on each of
+// kinds over conn, queried through srcs; setup adjusts each workload.
+func testPreciseVolumeKinds(t *testing.T, conn *rados.Conn, srcs map[string]*rsm.Source, kinds []preciseKind, setup func(*preciseWorkload)) {
 	seed := preciseSeeds(t)[0]
 	var rows []string
-	for _, k := range preciseKinds {
+	for _, k := range kinds {
 		t.Run(k.name, func(t *testing.T) {
 			w := newPreciseWorkload(t, openIOContext(t, conn, pool, k.ns), seed)
 			// Without an object map precise mode walks the objects.
 			w.walks = k.features != 0 && k.features&rbd.FeatureObjectMap == 0
 			if k.ns != "" {
-				w.clusterID = "rsm-e2e-ns1" // csi-config.json's ID for namespace ns1
+				w.clusterID = clusterIDNS // csi-config.json's ID for namespace ns1
 			}
+			setup(w)
 			tot := testPreciseKind(t, w, k)
 			w.check(srcs, tot)
 			t.Log("\n" + tot.table())
@@ -118,6 +126,7 @@ func testPreciseKind(t *testing.T, w *preciseWorkload, k preciseKind) *preciseTo
 		w.snap(src)
 		mid := &preciseImage{name: uniqueName(t, "csi-mid"), objSize: src.objSize, size: size}
 		opts := imageOptions(t, true)
+		w.setDataPool(opts)
 		if k.mid != 0 {
 			if err := opts.SetUint64(rbd.ImageOptionFeatures, k.mid); err != nil {
 				t.Fatal(err)
@@ -178,6 +187,7 @@ func (w *preciseWorkload) hazardImageWith(size, order, features uint64) *precise
 	if err := opts.SetUint64(rbd.ImageOptionOrder, order); err != nil {
 		t.Fatal(err)
 	}
+	w.setDataPool(opts)
 	if err := opts.SetUint64(rbd.ImageOptionFeatures, features); err != nil {
 		t.Fatal(err)
 	}

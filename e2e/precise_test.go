@@ -357,26 +357,42 @@ func (w *preciseWorkload) kind(k string) { w.kinds[k] = true }
 
 func (w *preciseWorkload) kindList() []string { return slices.Sorted(maps.Keys(w.kinds)) }
 
+// imageOptions are the options of an image the workload makes (a clone
+// when clone is set): Ceph-CSI's, with w's features and data pool, and
+// objects of 1<<order bytes.
+func (w *preciseWorkload) imageOptions(clone bool, order uint64) *rbd.ImageOptions {
+	t := w.t
+	t.Helper()
+	opts := imageOptions(t, clone)
+	if err := opts.SetUint64(rbd.ImageOptionOrder, order); err != nil {
+		t.Fatal(err)
+	}
+	w.setDataPool(opts)
+	if w.features != 0 {
+		if err := opts.SetUint64(rbd.ImageOptionFeatures, w.features); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return opts
+}
+
+// setDataPool puts the images' data in w.dataPool, when set.
+func (w *preciseWorkload) setDataPool(opts *rbd.ImageOptions) {
+	if w.dataPool == "" {
+		return
+	}
+	if err := opts.SetString(rbd.ImageOptionDataPool, w.dataPool); err != nil {
+		w.t.Fatal(err)
+	}
+}
+
 // create makes an image (a clone of parent@snap when parent is set) with
 // Ceph-CSI's features and objects of 1<<order bytes; a parent of size 0
 // picks the size from the order.
 func (w *preciseWorkload) create(parent *preciseImage, order uint64) *preciseImage {
 	t := w.t
 	p := &preciseImage{name: uniqueName(t, "precise"), objSize: 1 << order}
-	opts := imageOptions(t, parent != nil)
-	if err := opts.SetUint64(rbd.ImageOptionOrder, order); err != nil {
-		t.Fatal(err)
-	}
-	if w.dataPool != "" {
-		if err := opts.SetString(rbd.ImageOptionDataPool, w.dataPool); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if w.features != 0 {
-		if err := opts.SetUint64(rbd.ImageOptionFeatures, w.features); err != nil {
-			t.Fatal(err)
-		}
-	}
+	opts := w.imageOptions(parent != nil, order)
 	if parent == nil {
 		p.size = w.initialSize(order)
 		if err := rbd.CreateImage(w.ioctx, p.name, p.size, opts); err != nil {
@@ -540,7 +556,10 @@ func (w *preciseWorkload) run() {
 		w.maxSize = 72 * mib
 	}
 	var p *preciseImage
-	if w.seed%6 == 1 {
+	// Format 1 images and migrations go through the rbd CLI, on the main
+	// test cluster; neither takes a data pool.
+	cli := w.dataPool == ""
+	if cli && w.seed%6 == 1 {
 		p = w.createFormat1(order)
 	} else {
 		p = w.create(nil, order)
@@ -562,7 +581,7 @@ func (w *preciseWorkload) run() {
 	if len(w.images) == 1 && !w.format1 {
 		w.kind("plain")
 	}
-	if w.migrating = w.seed%6 == 4; w.migrating {
+	if w.migrating = cli && w.seed%6 == 4; w.migrating {
 		w.kind("migration")
 	}
 }

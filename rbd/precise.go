@@ -658,12 +658,12 @@ func (r *refiner) freshDelta(ctx context.Context, objno int64, name string) ([]s
 	if r.shrunk.overlaps(obj) || r.lostParent.overlaps(obj) || (r.base.parent != nil && base < r.base.overlap) {
 		return nil, radosErr(-int(syscall.ENOENT))
 	}
-	own2, err := mapext(r.top.ioctx, name, 0, size)
+	own2, err := r.top.data.extents(r.top.ioctx, name, 0, size, -1)
 	if isNoEnt(err) {
 		return nil, err
 	}
 	if err != nil {
-		return nil, reasoned{ReasonMapext, fmt.Errorf("mapext %s at snapshot %d: %w", name, r.s2, err)}
+		return nil, fmt.Errorf("at snapshot %d: %w", r.s2, err)
 	}
 	return normalize(shift(own2, base)), nil
 }
