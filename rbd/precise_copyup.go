@@ -27,9 +27,7 @@ package rbd
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"syscall"
 
 	"github.com/ceph/go-ceph/rados"
 )
@@ -112,19 +110,15 @@ func (l *layer) parentSums(ctx context.Context, off, end int64) ([]chunkSum, err
 // of dataChunk, that lies whole within that size, in order. A missing
 // object is radosErr(-ENOENT).
 func chunkSums(ioctx *rados.IOContext, oid string, off, length int64) (int64, []uint64, error) {
-	st, err := ioctx.Stat(oid)
-	if errors.Is(err, rados.ErrNotFound) {
-		return 0, nil, radosErr(-int(syscall.ENOENT))
-	}
+	size, err := objectSize(ioctx, oid)
 	if err != nil {
 		return 0, nil, err
 	}
-	size := int64(st.Size)
-	end := min(off+length, size-size%dataChunk)
-	if off >= end {
+	lo, hi, _ := chunkRange(off, length, size)
+	if lo >= hi {
 		return size, nil, nil
 	}
-	s, err := checksums(ioctx, oid, off, end-off, dataChunk)
+	s, err := checksums(ioctx, oid, lo, hi-lo, dataChunk)
 	return size, s, err
 }
 

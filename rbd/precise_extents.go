@@ -71,14 +71,10 @@ func (q *dataQuery) extents(ioctx *rados.IOContext, oid string, off, length, siz
 // (the OSD refuses to hash a short chunk), whole. size < 0: stat first.
 func nonZero(ioctx *rados.IOContext, oid string, off, length, size int64) ([]span, error) {
 	if size < 0 {
-		st, err := ioctx.Stat(oid)
-		if errors.Is(err, rados.ErrNotFound) {
-			return nil, radosErr(-int(syscall.ENOENT))
-		}
-		if err != nil {
+		var err error
+		if size, err = objectSize(ioctx, oid); err != nil {
 			return nil, err
 		}
-		size = int64(st.Size)
 	}
 	lo, hi, end := chunkRange(off, length, size)
 	var sums []uint64
@@ -103,6 +99,19 @@ func chunkRange(off, length, size int64) (lo, hi, end int64) {
 	lo = off - off%dataChunk
 	hi = max(lo, end-end%dataChunk)
 	return lo, hi, end
+}
+
+// objectSize returns the size of object oid at ioctx's read snapshot; a
+// missing object is radosErr(-ENOENT), as radospp.cpp's calls answer.
+func objectSize(ioctx *rados.IOContext, oid string) (int64, error) {
+	st, err := ioctx.Stat(oid)
+	if errors.Is(err, rados.ErrNotFound) {
+		return 0, radosErr(-int(syscall.ENOENT))
+	}
+	if err != nil {
+		return 0, err
+	}
+	return int64(st.Size), nil
 }
 
 // nonZeroSpans turns the checksums of the chunks in [lo, hi) into the
