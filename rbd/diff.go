@@ -301,15 +301,9 @@ func (d *Diff) Iterate(ctx context.Context, offset int64, fn func(offset, length
 		return 0
 	}
 
-	rawOff, rawLen := uint64(offset+d.header), uint64(d.capacity-offset)
-	if d.refine.walks() {
-		// No usable object map: precise mode lists the objects itself.
-		pipe := d.refine.pipeline(ctx, rawOff, rawLen, nil, cb)
-		rs, err := d.refine.walkRanges(ctx, int64(rawOff), int64(rawOff+rawLen))
-		if err == nil {
-			pipe.walk(rs)
-		}
-		err = pipe.finish(err)
+	// end ends the call once librbd (or the walk) has returned err: a
+	// panic of fn goes on, and the callback's own reason wins.
+	end := func(err error) error {
 		mu.Lock()
 		defer mu.Unlock()
 		if panicked != nil {
@@ -320,6 +314,16 @@ func (d *Diff) Iterate(ctx context.Context, offset int64, fn func(offset, length
 		}
 		d.discardConnOnTimeout(err)
 		return err
+	}
+	rawOff, rawLen := uint64(offset+d.header), uint64(d.capacity-offset)
+	if d.refine.walks() {
+		// No usable object map: precise mode lists the objects itself.
+		pipe := d.refine.pipeline(ctx, rawOff, rawLen, nil, cb)
+		rs, err := d.refine.walkRanges(ctx, int64(rawOff), int64(rawOff+rawLen))
+		if err == nil {
+			pipe.walk(rs)
+		}
+		return end(pipe.finish(err))
 	}
 	run := librbd.DiffIterateCallback(cb)
 	var pipe *pipeline // precise mode: refines librbd's whole objects for cb
@@ -346,17 +350,7 @@ func (d *Diff) Iterate(ctx context.Context, offset int64, fn func(offset, length
 			err = d.diffIterateByName(rawOff, rawLen, run)
 		}
 	}
-	err = pipe.finish(err)
-	mu.Lock()
-	defer mu.Unlock()
-	if panicked != nil {
-		panic(panicked)
-	}
-	if kept != nil {
-		return kept
-	}
-	d.discardConnOnTimeout(err)
-	return err
+	return end(pipe.finish(err))
 }
 
 // discardConnOnTimeout stops caching the Diff's connection when err says
