@@ -46,19 +46,17 @@ func connect(p connParams, t timeouts) (*rados.Conn, error) {
 	// A handle that never connected cannot be shut down through go-ceph:
 	// shutdownUnconnected frees it, and its threads, at once.
 	for _, o := range []struct{ name, value string }{
-		// A library does not log: errors are returned, classified, and
-		// librados quotes a key it cannot decode. Its log writes errors
-		// to stderr until a change of these options reaches it, and a
-		// library's defaults are already false: so true, then false.
-		{"err_to_stderr", "true"},
-		{"log_to_stderr", "false"},
-		{"err_to_stderr", "false"},
 		{"mon_host", typeMonHost(context.Background(), p.monHost, min(dialTimeout, t.mount))},
 		{"key", p.key},
 		{"keyring", "/dev/null"},
 		{"client_mount_timeout", seconds(t.mount)},
 		{"rados_mon_op_timeout", seconds(t.op)},
 		{"rados_osd_op_timeout", seconds(t.op)},
+		// A library does not log: errors are returned, classified. These
+		// apply once connected; before that librados writes to std::cerr,
+		// which the package silences (precise_rados.go).
+		{"log_to_stderr", "false"},
+		{"err_to_stderr", "false"},
 	} {
 		if err := conn.SetConfigOption(o.name, o.value); err != nil {
 			shutdownUnconnected(conn)
@@ -98,10 +96,10 @@ func connectError(p connParams, t timeouts, err error) error {
 }
 
 // keyTrouble says why librados may have refused key (reef with EINVAL,
-// tentacle with EOPNOTSUPP), never
-// quoting it: it is not base64, or it is a cephx key of a type that this
-// librados may not read (tentacle makes aes256k keys, type 2, by default;
-// reef's librados reads only aes keys, type 1). "" for an aes key.
+// tentacle with EOPNOTSUPP), never quoting it: it is not base64, or it is
+// a cephx key of a type that this librados may not read (tentacle makes
+// aes256k keys, type 2, by default; reef's librados reads only aes keys,
+// type 1). "" for an aes key.
 func keyTrouble(key string) string {
 	b, err := base64.StdEncoding.DecodeString(strings.TrimSpace(key))
 	if err != nil || len(b) < 2 {
