@@ -4,18 +4,33 @@
 #
 #   docker build --build-arg VERSION=$(git describe --tags --always) -t rbd-snapshot-metadata .
 #
-# The build stage compiles against Debian 13's Ceph reef headers (librbd with
-# rbd_diff_iterate3), without build tags, by running build/build.sh, the same
-# script that CI runs in the e2e Debian 13 rootfs (e2e/image-build-test.sh).
+# Built on Debian forky (testing), whose Ceph is tentacle 20.2.4: its
+# librados reads both cephx key types that clusters hand out, aes256k (the
+# default of new squid 19.2.6+ / tentacle 20.2.4+ clusters, and of Rook
+# v1.20.5+) and aes (reef's, and every cluster made before). Debian 13's
+# reef 18.2.7 reads only aes. build/build.sh refuses a librados that cannot
+# read aes256k keys, so DEBIAN may name another suite with a new enough Ceph
+# (sid, should forky lose Ceph) but not trixie.
+#
+# The build stage compiles against that suite's librbd headers (with
+# rbd_diff_iterate3), without build tags, by running build/build.sh.
 ARG GO_VERSION=1.26.8
-ARG DEBIAN=trixie
+ARG DEBIAN=forky
 
-FROM golang:${GO_VERSION}-${DEBIAN} AS build
-ENV GOTOOLCHAIN=local
+# Only Go's toolchain (/usr/local/go, statically linked) comes from the
+# official golang image: it has no forky variant, and its trixie variant
+# cannot install forky's librbd-dev.
+FROM golang:${GO_VERSION}-trixie AS go
+
+FROM debian:${DEBIAN}-slim AS build
+# The build packages (Ceph's -dev packages, gcc, g++, ca-certificates) are
+# listed in build/build.sh.
+COPY build/ /src/build/
+RUN /src/build/build.sh --install-deps
+COPY --from=go /usr/local/go /usr/local/go
+ENV PATH=/go/bin:/usr/local/go/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    GOPATH=/go GOTOOLCHAIN=local
 WORKDIR /src
-# The build packages (librbd-dev, librados-dev) are listed in build/build.sh.
-COPY build/ build/
-RUN build/build.sh --install-deps
 COPY go.mod go.sum ./
 RUN --mount=type=cache,target=/go/pkg/mod go mod download
 COPY . .

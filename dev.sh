@@ -10,8 +10,9 @@
 #   ./dev.sh matrix   the oracle tests on tentacle, and across versions (reef's
 #                     librbd on a tentacle cluster, tentacle's on reef)
 #   ./dev.sh bench [go test args]   the benchmark; RSM_BENCH_SCALE=full for 2^20 extents, 1 TiB and 10 TiB
-#   ./dev.sh image [go test args]   build as the Dockerfile does (in the Debian 13
-#                     rootfs), then run e2e tests with that binary
+#   ./dev.sh image [go test args]   build the Dockerfile with buildah, run its server
+#                     against tentacle (aes256k key) and reef (aes key), then
+#                     e2e tests on tentacle with the image's entrypoint
 #   ./dev.sh build    bin/rbd-snapshot-metadata (cgo, librbd) and bin/snapmeta (pure Go)
 #   ./dev.sh deps     the host packages the build needs
 #

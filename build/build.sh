@@ -1,30 +1,34 @@
 #!/bin/bash
-# Build the release binaries exactly as the container image does. The
-# Dockerfile's build stage runs this script, and so does the CI check
-# e2e/image-build-test.sh (inside the Debian 13 rootfs), so that the two
-# cannot drift.
+# Build the release binaries as the container image does: the Dockerfile's
+# build stage runs this script (CI builds that Dockerfile with buildah,
+# e2e/image-build-test.sh).
 #
 #   build/build.sh OUTDIR
 #   build/build.sh --install-deps    apt-get install the Debian build packages
 #                                    (the Dockerfile's first step)
 #
-# OUTDIR/rbd-snapshot-metadata  cgo, against the system's reef librbd/librados
-#                               headers, no build tags (not -tags pacific)
+# OUTDIR/rbd-snapshot-metadata  cgo, against the system's librbd/librados
+#                               headers (reef or later), no build tags (not
+#                               -tags pacific)
 # OUTDIR/snapmeta               pure Go (CGO_ENABLED=0)
 #
-# Then it checks what the image's runtime stage relies on: the headers
-# declare rbd_diff_iterate3, and the server binary needs no shared library
-# outside libc6, librbd1, librados2 and the packages these depend on (the
-# runtime stage installs exactly librbd1 and librados2).
+# First it checks the Ceph it builds against: the headers declare
+# rbd_diff_iterate3 (reef and later), and librados reads aes256k cephx keys
+# (the default of clusters made by squid 19.2.6+ and tentacle 20.2.4+; reef's
+# and older librados cannot decode them, and fail every request). Then what
+# the image's runtime stage relies on: the server binary needs no shared
+# library outside libc6, librbd1, librados2 and the packages these depend on
+# (the runtime stage installs exactly librbd1 and librados2, from the same
+# suite).
 #
 # Environment: VERSION (default "dev"), stamped with -X main.version.
 # Needs: Go (go.mod's version), gcc, g++, librbd-dev, librados-dev, libradospp-dev, dpkg, ldd.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# The Debian packages the build needs besides Go, gcc and libc6-dev (which the
-# golang image and the e2e rootfs have). One list for the image and for CI:
-# the build below refuses to start when one is missing.
-BUILD_DEPS="librbd-dev librados-dev libradospp-dev g++"
+# The Debian packages the build needs besides Go (the Dockerfile copies the
+# golang image's): the build below refuses to start when one is missing.
+# ca-certificates: go mod download fetches over TLS.
+BUILD_DEPS="librbd-dev librados-dev libradospp-dev gcc g++ libc6-dev ca-certificates"
 if [ "${1:-}" = --install-deps ]; then
 	apt-get update
 	# shellcheck disable=SC2086
@@ -43,10 +47,18 @@ for p in $BUILD_DEPS; do
 done
 grep -q 'rbd_diff_iterate3' /usr/include/rbd/librbd.h ||
 	die "/usr/include/rbd/librbd.h lacks rbd_diff_iterate3: need Ceph reef (18.2) or later headers (librbd-dev)"
+# aes256k keys (type 2) are read from tentacle 20.2.4 and squid 19.2.6 on.
+# (The upstream version, without a Debian epoch.)
+rados=$(dpkg-query -W -f '${Version}' librados2)
+upstream=${rados#*:}
+if ! dpkg --compare-versions "$upstream" ge 20.2.4 &&
+	! { dpkg --compare-versions "$upstream" ge 19.2.6 && dpkg --compare-versions "$upstream" lt 20; }; then
+	die "librados2 $rados cannot read aes256k cephx keys, the default of new clusters: build on a suite with Ceph tentacle 20.2.4+ (or squid 19.2.6+), e.g. the Dockerfile's DEBIAN=forky"
+fi
 
 mkdir -p "$OUT"
 export CGO_ENABLED=1 GOFLAGS="${GOFLAGS:-} -trimpath -buildvcs=false"
-log "$(go version); librbd-dev $(dpkg-query -W -f '${Version}' librbd-dev)"
+log "$(go version); librbd-dev $(dpkg-query -W -f '${Version}' librbd-dev), librados2 $rados"
 go build -ldflags "-s -w -X main.version=$VERSION" -o "$OUT/rbd-snapshot-metadata" ./cmd/rbd-snapshot-metadata
 CGO_ENABLED=0 go build -ldflags "-s -w" -o "$OUT/snapmeta" ./cmd/snapmeta
 

@@ -851,21 +851,24 @@ func benchTargets(rep *benchReport, sc benchScale, exact []*benchMode) {
 // (librbd's own walk), precise mode leaving that walk to librbd
 // (--precise-walk=librbd), probing every object number itself
 // (--precise-walk=probe), and listing the pool's objects
-// (--precise-walk=list). At RSM_BENCH_SCALE=full the image is 10 TiB with
-// 1% of its objects changed, and only exact and list run (the others walk
-// as long as exact does, or nearly), exact once: about 8 minutes on 2
-// loaded cores; the image is left in place (see benchSparseWith).
+// (--precise-walk=list); and what Ceph-CSI's own server does (cephCSIMode),
+// whose whole-object diff also walks every object. At RSM_BENCH_SCALE=full
+// the image is 10 TiB with 1% of its objects changed, and only exact and
+// list run (the others walk as long as exact does, or nearly), exact once:
+// about 8 minutes on 2 loaded cores; the image is left in place (see
+// benchSparseWith).
 func TestBenchNoFastDiff(t *testing.T) {
 	if os.Getenv("RSM_BENCH") != "1" {
 		t.Skip("the benchmark runs with RSM_BENCH=1 (e2e/run-bench.sh, ./dev.sh bench)")
 	}
 	sc := benchScaleFromEnv(t)
 	modes := []benchBigMode{
-		{"exact (librbd's walk)", []string{"--precision=exact"}, sc.slowRuns, ""},
-		{"precise, --precise-walk=librbd", []string{"--precision=precise", "--precise-walk=librbd"}, sc.slowRuns, ""},
-		{"precise, --precise-walk=probe", []string{"--precision=precise", "--precise-walk=probe"}, sc.slowRuns, ""},
-		{"precise, --precise-walk=list", []string{"--precision=precise", "--precise-walk=list"}, sc.runs, ""},
-		{"precise (default: auto)", []string{"--precision=precise"}, sc.runs, ""},
+		{"exact (librbd's walk)", []string{"--precision=exact"}, sc.slowRuns, "", 0},
+		{"precise, --precise-walk=librbd", []string{"--precision=precise", "--precise-walk=librbd"}, sc.slowRuns, "", 0},
+		{"precise, --precise-walk=probe", []string{"--precision=precise", "--precise-walk=probe"}, sc.slowRuns, "", 0},
+		{"precise, --precise-walk=list", []string{"--precision=precise", "--precise-walk=list"}, sc.runs, "", 0},
+		{"precise (default: auto)", []string{"--precision=precise"}, sc.runs, "", 0},
+		{cephCSIMode, []string{"--precision=object"}, sc.slowRuns, "", 128},
 	}
 	if sc.name == "full" {
 		modes = []benchBigMode{modes[0], modes[3]}
@@ -874,22 +877,24 @@ func TestBenchNoFastDiff(t *testing.T) {
 }
 
 // TestBenchBigFastDiff times a Delta of a large thin image with Ceph-CSI's
-// features (fast-diff) in the three --precision modes; at
-// RSM_BENCH_SCALE=full the image is 10 TiB with 1% of its objects changed,
-// and exact, which walks every object, does not run.
+// features (fast-diff) in the three --precision modes and as Ceph-CSI's own
+// server answers it (cephCSIMode); at RSM_BENCH_SCALE=full the image is 10
+// TiB with 1% of its objects changed, and exact, which walks every object,
+// does not run.
 func TestBenchBigFastDiff(t *testing.T) {
 	if os.Getenv("RSM_BENCH") != "1" {
 		t.Skip("the benchmark runs with RSM_BENCH=1 (e2e/run-bench.sh, ./dev.sh bench)")
 	}
 	sc := benchScaleFromEnv(t)
 	modes := []benchBigMode{
-		{"object", []string{"--precision=object"}, sc.runs, ""},
-		{"precise", []string{"--precision=precise"}, sc.runs, ""},
-		{"precise --trust-object-map", []string{"--precision=precise", "--trust-object-map"}, sc.runs, ""},
-		{"exact", []string{"--precision=exact"}, sc.slowRuns, ""},
+		{"object", []string{"--precision=object"}, sc.runs, "", 0},
+		{"precise", []string{"--precision=precise"}, sc.runs, "", 0},
+		{"precise --trust-object-map", []string{"--precision=precise", "--trust-object-map"}, sc.runs, "", 0},
+		{cephCSIMode, []string{"--precision=object"}, sc.runs, "", 128},
+		{"exact", []string{"--precision=exact"}, sc.slowRuns, "", 0},
 	}
 	if sc.name == "full" {
-		modes = modes[:3] // exact walks every object: minutes at 10 TiB
+		modes = modes[:4] // exact walks every object: minutes at 10 TiB
 	}
 	if os.Getenv("RSM_BENCH_BASELINE_BIN") != "" {
 		modes = modes[:2] // object and precise, each by both binaries
@@ -899,11 +904,18 @@ func TestBenchBigFastDiff(t *testing.T) {
 
 // benchBigMode is a server mode of benchBig, timed runs times.
 type benchBigMode struct {
-	name  string
-	flags []string
-	runs  int
-	bin   string // the server binary; "": RSM_SERVER_BIN
+	name       string
+	flags      []string
+	runs       int
+	bin        string // the server binary; "": RSM_SERVER_BIN
+	maxResults int32  // the requests' max_results (0: the server's page size)
 }
+
+// cephCSIMode is what Ceph-CSI's own SnapshotMetadata answers since
+// ceph-csi PR #6279 (2026-05-18), done by our server: librbd's diff by
+// snapshot ID with WholeObject and IncludeParent (our --precision=object),
+// in pages of at most 128 tuples (Ceph-CSI's cap, whatever the client asks).
+const cephCSIMode = "object, max_results 128 (≈ Ceph-CSI)"
 
 // benchBig times a Delta of the big sparse image (sc.bigSize, sc.bigWrites
 // random 4 KiB writes before each of two snapshots) made with features,
@@ -933,14 +945,16 @@ func benchBig(t *testing.T, sc benchScale, title string, features uint64, specs 
 	}
 	var modes []*benchMode
 	for _, m := range specs {
+		r := req
+		r.MaxResults = m.maxResults
 		if m.bin != "" {
 			cur := os.Getenv("RSM_SERVER_BIN")
 			os.Setenv("RSM_SERVER_BIN", m.bin)
-			modes = append(modes, benchServerMode(t, m.name, req, nil, append([]string{"-v=2"}, m.flags...)...))
+			modes = append(modes, benchServerMode(t, m.name, r, nil, append([]string{"-v=2"}, m.flags...)...))
 			os.Setenv("RSM_SERVER_BIN", cur)
 			continue
 		}
-		modes = append(modes, benchServerMode(t, m.name, req, nil, append([]string{"-v=2"}, m.flags...)...))
+		modes = append(modes, benchServerMode(t, m.name, r, nil, append([]string{"-v=2"}, m.flags...)...))
 	}
 	// The first round also checks each answer (its tuples are kept), so
 	// that a walk of the whole image runs no more often than timed; it

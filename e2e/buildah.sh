@@ -8,17 +8,26 @@
 #   e2e/buildah.sh seed                  only seed the two base images
 #
 # No registry is reachable, so the Dockerfile's two FROM images are made here
-# under its exact names (the Dockerfile's ARGs GO_VERSION and DEBIAN):
-# - debian:trixie-slim: a debootstrap minbase of trixie, cached as
-#   $RSM_IMAGE_CACHE/debian-trixie-minbase.tar.zst;
-# - golang:<GO_VERSION>-trixie: that, plus the host's Go toolchain at
-#   /usr/local/go (it must be GO_VERSION), gcc and libc6-dev, with the golang
-#   image's GOPATH, PATH and GOTOOLCHAIN=local, and the host's local CAs
-#   (/usr/local/share/ca-certificates), as a build machine behind a TLS proxy
-#   needs for `go mod download`.
+# under its exact names (from its ARGs GO_VERSION and DEBIAN):
+# - debian:<DEBIAN>-slim (forky): a debootstrap minbase of that suite, cached
+#   as $RSM_IMAGE_CACHE/debian-<DEBIAN>-minbase.tar.zst (3.4 min at load 20,
+#   once per machine; then seconds). Debian
+#   12's debootstrap has no forky script: sid's is used, as e2e/rootfs.sh does
+#   for the tentacle rootfs. apt there ignores Valid-Until, which a mirror
+#   snapshot of testing serves expired (the real image fetches a fresh Release
+#   from deb.debian.org; signatures are still checked);
+# - golang:<GO_VERSION>-trixie: the host's Go toolchain at /usr/local/go (it
+#   must be GO_VERSION) with the golang image's GOPATH, PATH and
+#   GOTOOLCHAIN=local, and nothing else: the Dockerfile takes only
+#   /usr/local/go from it (COPY --from), so no trixie minbase is made.
 # The build's RUN steps reach Debian's packages and the Go module proxy, as
-# a docker build does. buildah keeps its images and cache mounts in
-# /var/lib/containers (a warm rebuild reuses the Go module cache mount).
+# a docker build does; the host's local CAs (/usr/local/share/ca-certificates,
+# a build machine behind a TLS proxy) are bound there read-only for RUN steps
+# only, so that installing ca-certificates in the build stage trusts them and
+# neither base image nor the result holds them (only the empty mount point
+# /usr/local/share/ca-certificates stays in the image). buildah keeps its images and
+# cache mounts in /var/lib/containers (a warm rebuild reuses the layers and
+# the Go module cache mount).
 #
 # Environment: RSM_IMAGE_CACHE (default /var/cache/rbd-snapshot-metadata/image),
 # RSM_MIRROR (default: the host's apt sources, as rootfs.sh). Needs root.
@@ -26,7 +35,7 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 TOP=$(dirname "$HERE")
 CACHE=${RSM_IMAGE_CACHE:-/var/cache/rbd-snapshot-metadata/image}
-SEED_REV=2 # bump when the seeding below changes
+SEED_REV=3 # bump when the seeding below changes
 
 now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1fs", b - a }'; }
@@ -37,8 +46,11 @@ arg() { sed -n "s/^ARG $1=//p" "$TOP/Dockerfile" | head -n1; }
 GO_VERSION=$(arg GO_VERSION)
 DEBIAN=$(arg DEBIAN)
 [ -n "$GO_VERSION" ] && [ -n "$DEBIAN" ] || die "no ARG GO_VERSION / DEBIAN in the Dockerfile"
+# The golang image's suite, from its FROM line (golang:${GO_VERSION}-trixie).
+GO_SUITE=$(sed -n 's/^FROM golang:${GO_VERSION}-\([a-z]*\) AS go$/\1/p' "$TOP/Dockerfile" | head -n1)
+[ -n "$GO_SUITE" ] || die "no 'FROM golang:\${GO_VERSION}-<suite> AS go' in the Dockerfile"
 DEBIAN_IMAGE=docker.io/library/debian:$DEBIAN-slim
-GOLANG_IMAGE=docker.io/library/golang:$GO_VERSION-$DEBIAN
+GOLANG_IMAGE=docker.io/library/golang:$GO_VERSION-$GO_SUITE
 
 install_buildah() {
 	command -v buildah >/dev/null && command -v debootstrap >/dev/null && command -v zstd >/dev/null && return
@@ -63,16 +75,24 @@ has_image() { buildah inspect --type image "$1" >/dev/null 2>&1 && [ "$(buildah 
 # debian:<suite>-slim from a debootstrap minbase (cached tarball).
 seed_debian() {
 	has_image "$DEBIAN_IMAGE" && return
-	local t tar=$CACHE/debian-$DEBIAN-minbase.tar.zst tmp ctr mnt m
+	local t tar=$CACHE/debian-$DEBIAN-minbase.tar.zst tmp ctr mnt m script=
 	mkdir -p "$CACHE"
 	if [ ! -s "$tar" ]; then
 		t=$(now)
 		tmp=$(mktemp -d "$CACHE/.debootstrap.XXXXXX")
 		m=$(mirror)
-		debootstrap --variant=minbase "$DEBIAN" "$tmp" "$m" >"$CACHE/debootstrap.log" 2>&1 ||
+		# A suite newer than the host's debootstrap (forky on Debian 12) is
+		# made with sid's script.
+		[ -f "/usr/share/debootstrap/scripts/$DEBIAN" ] || script=/usr/share/debootstrap/scripts/sid
+		debootstrap --variant=minbase "$DEBIAN" "$tmp" "$m" ${script:+"$script"} >"$CACHE/debootstrap.log" 2>&1 ||
 			{ tail -n 20 "$CACHE/debootstrap.log" >&2; rm -rf --one-file-system "$tmp"; die "debootstrap $DEBIAN"; }
 		# As the real image: its own sources, no apt caches.
 		echo "deb $m $DEBIAN main" >"$tmp/etc/apt/sources.list"
+		# testing's and unstable's Release files expire within a week, and a
+		# mirror snapshot serves them expired.
+		case "$DEBIAN" in forky | sid | testing | unstable)
+			echo 'Acquire::Check-Valid-Until "false";' >"$tmp/etc/apt/apt.conf.d/90rsm-mirror-snapshot" ;;
+		esac
 		rm -rf "$tmp"/var/cache/apt/archives/*.deb "$tmp"/var/lib/apt/lists/*
 		tar -C "$tmp" -I 'zstd -T0 -3' -cf "$tar.tmp" . && mv "$tar.tmp" "$tar"
 		rm -rf --one-file-system "$tmp"
@@ -89,7 +109,7 @@ seed_debian() {
 	log "seeded $DEBIAN_IMAGE in $(since "$t")"
 }
 
-# golang:<version>-<suite>: the Debian image, gcc and the host's Go.
+# golang:<version>-<suite>: the host's Go, which is all the Dockerfile takes.
 seed_golang() {
 	has_image "$GOLANG_IMAGE" && return
 	local t ctr mnt goroot hostgo
@@ -97,22 +117,16 @@ seed_golang() {
 	hostgo=$(go env GOVERSION)
 	[ "$hostgo" = "go$GO_VERSION" ] || die "the host's Go is $hostgo, the Dockerfile's GO_VERSION $GO_VERSION: seed needs the same"
 	t=$(now)
-	ctr=$(buildah from --pull=never "$DEBIAN_IMAGE")
-	buildah run --isolation chroot "$ctr" -- sh -ec 'apt-get update -q >/dev/null
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends gcc libc6-dev ca-certificates >/dev/null
-		rm -rf /var/lib/apt/lists/*'
+	ctr=$(buildah from --pull=never scratch)
 	mnt=$(buildah mount "$ctr")
 	mkdir -p "$mnt/usr/local/go" "$mnt/go/bin"
 	cp -a "$goroot/." "$mnt/usr/local/go/"
-	! compgen -G '/usr/local/share/ca-certificates/*.crt' >/dev/null ||
-		cp /usr/local/share/ca-certificates/*.crt "$mnt/usr/local/share/ca-certificates/"
 	buildah umount "$ctr" >/dev/null
-	buildah run --isolation chroot "$ctr" -- update-ca-certificates >/dev/null
 	buildah config --env GOLANG_VERSION="$GO_VERSION" --env GOTOOLCHAIN=local --env GOPATH=/go \
 		--env PATH=/go/bin:/usr/local/go/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
 		--workingdir /go --annotation rsm.seed=$SEED_REV "$ctr"
 	buildah commit --rm -q "$ctr" "$GOLANG_IMAGE" >/dev/null
-	log "seeded $GOLANG_IMAGE ($hostgo from $goroot) in $(since "$t")"
+	log "seeded $GOLANG_IMAGE ($hostgo from $goroot, only /usr/local/go) in $(since "$t")"
 }
 
 seed() {
@@ -131,7 +145,10 @@ build() {
 	t=$(now)
 	# --pull=never: the base images are the seeded ones, never a registry's.
 	# --layers: a warm rebuild reuses each step whose inputs are unchanged.
-	buildah bud --isolation chroot --pull=never --layers --build-arg VERSION="$version" \
+	local cas=()
+	! compgen -G '/usr/local/share/ca-certificates/*.crt' >/dev/null ||
+		cas=(-v /usr/local/share/ca-certificates:/usr/local/share/ca-certificates:ro)
+	buildah bud --isolation chroot --pull=never --layers --build-arg VERSION="$version" "${cas[@]}" \
 		-t "$tag" -f "$TOP/Dockerfile" "$TOP" >"$CACHE/bud.log" 2>&1 ||
 		{ tail -n 40 "$CACHE/bud.log" >&2; die "buildah bud (log: $CACHE/bud.log)"; }
 	log "buildah bud of the Dockerfile as $tag: $(since "$t")"

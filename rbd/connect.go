@@ -99,7 +99,8 @@ func connectError(p connParams, t timeouts, err error) error {
 // tentacle with EOPNOTSUPP), never quoting it: it is not base64, or it is
 // a cephx key of a type that this librados may not read (tentacle makes
 // aes256k keys, type 2, by default; reef's librados reads only aes keys,
-// type 1). "" for an aes key.
+// type 1, while the image's, tentacle 20.2.4's, reads both). "" for an aes
+// key.
 func keyTrouble(key string) string {
 	b, err := base64.StdEncoding.DecodeString(strings.TrimSpace(key))
 	if err != nil || len(b) < 2 {
@@ -109,8 +110,9 @@ func keyTrouble(key string) string {
 	case 1:
 		return ""
 	case 2:
-		return "the request's userKey is an aes256k cephx key (tentacle's default), which this server's " +
-			"librados cannot read (reef's cannot): give the user an aes key, or run the server with tentacle's librados"
+		return "the request's userKey is an aes256k cephx key (the default of new squid 19.2.6+ and tentacle 20.2.4+ clusters), " +
+			"which this server's librados cannot read (reef's cannot): run the server with librados 19.2.6 / 20.2.4 or later " +
+			"(the project's image has tentacle's), or give the user an aes key"
 	default:
 		return fmt.Sprintf("the request's userKey is a cephx key of type %d, which this server's librados cannot read", t)
 	}
