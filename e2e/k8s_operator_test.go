@@ -173,11 +173,12 @@ func testOperatorRoute(t *testing.T, bin string, r opRoute) {
 	// The operator's install, as its docs say; its manager runs here as a
 	// process with the Deployment's arguments, environment and
 	// ServiceAccount (so the manifest's RBAC is what it gets).
-	args := []string{"create"}
+	// One file at a time, each file's CRDs established before the next
+	// one's objects (Rook's operator.yaml holds Driver CRs).
 	for _, m := range r.manifests {
-		args = append(args, "-f", m)
+		k.kubectl(t, "create", "-f", m)
+		k.kubectl(t, "wait", "--for=condition=Established", "crd", "--all", "--timeout=120s")
 	}
-	k.kubectl(t, args...)
 	var dep struct {
 		Spec struct {
 			Template struct {
@@ -215,9 +216,11 @@ func testOperatorRoute(t *testing.T, bin string, r opRoute) {
 			env = append(env, e.Name+"="+e.Value)
 		}
 	}
-	margs := append(slices.Clone(mc.Args),
-		// Ports: the harness's, not the pod's (the machine is shared).
-		"--metrics-bind-address=0", fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", k.ports.health))
+	// Its arguments but --leader-elect: out of a pod, controller-runtime
+	// finds no namespace for the lease and the manager exits; one manager
+	// runs here at a time. Ports: the harness's, not the pod's.
+	margs := slices.DeleteFunc(slices.Clone(mc.Args), func(a string) bool { return a == "--leader-elect" })
+	margs = append(margs, "--metrics-bind-address=0", fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", k.ports.health))
 	t.Logf("manager %v, env %v", margs, env[:1])
 	op := k.startOperator(t, bin, margs, env)
 
@@ -237,11 +240,12 @@ func testOperatorRoute(t *testing.T, bin string, r opRoute) {
 	}
 
 	// The Driver's next reconcile: a change to it, then an operator restart.
-	n := op.reconciles()
+	n := op.quiet(t, r.driver)
 	k.kubectl(t, "-n", r.ns, "annotate", "--overwrite", "driver", r.driver, "rsm-e2e/touched="+strconv.FormatInt(time.Now().UnixNano(), 10))
-	op.waitReconciled(t, n)
+	op.waitReconciled(t, r.driver, n)
 	op = op.restart(t)
-	op.waitReconciled(t, 0)
+	op.waitReconciled(t, r.driver, 0)
+	op.quiet(t, r.driver)
 
 	report := k.checkOperatorWrote(t, r)
 	t.Logf("%s: what the operator wrote into %s:\n%s", r.name, ctrl, report)
@@ -293,27 +297,41 @@ func (o *csiOperator) start(t *testing.T) {
 	}
 }
 
-var reconciledRE = regexp.MustCompile(`CSI Driver reconciliation completed successfully`)
-
-func (o *csiOperator) reconciles() int {
-	return len(reconciledRE.FindAllStringIndex(o.k.log(o.name()), -1))
+// reconciles counts the manager's successful reconciles of the Driver
+// (its log line names the Driver).
+func (o *csiOperator) reconciles(driver string) int {
+	re := regexp.MustCompile(`CSI Driver reconciliation completed successfully.*"name": "` + regexp.QuoteMeta(driver) + `"`)
+	return len(re.FindAllStringIndex(o.k.log(o.name()), -1))
 }
 
-// waitReconciled waits for one more successful Driver reconcile than n.
-func (o *csiOperator) waitReconciled(t *testing.T, n int) {
+// quiet waits until the manager has not finished a reconcile of the Driver
+// for 2 s (one in flight would count as the next), and returns the count.
+func (o *csiOperator) quiet(t *testing.T, driver string) int {
 	t.Helper()
-	waitFor(t, o.name()+": a Driver reconcile", 2*time.Minute, func() bool {
+	n, since := o.reconciles(driver), time.Now()
+	waitFor(t, o.name()+": no reconcile of "+driver+" for 2 s", time.Minute, func() bool {
+		if m := o.reconciles(driver); m != n {
+			n, since = m, time.Now()
+		}
+		return time.Since(since) > 2*time.Second
+	})
+	return n
+}
+
+// waitReconciled waits for one more successful reconcile of the Driver
+// than n.
+func (o *csiOperator) waitReconciled(t *testing.T, driver string, n int) {
+	t.Helper()
+	waitFor(t, o.name()+": a reconcile of "+driver, 2*time.Minute, func() bool {
 		if !o.p.running() {
 			t.Fatalf("%s exited: %v\n%s", o.name(), o.p.err, tail(o.k.log(o.name()), 30))
 		}
-		return o.reconciles() > n
+		return o.reconciles(driver) > n
 	})
 }
 
 // restart stops the manager (SIGTERM) and starts it again; it reconciles
-// every Driver at start, once it holds the leader lease (its manifest runs
-// it with --leader-elect and it does not release the lease on exit: up to
-// the lease's 15 s).
+// every Driver at start.
 func (o *csiOperator) restart(t *testing.T) *csiOperator {
 	t.Helper()
 	o.p.mayExit = true
