@@ -80,6 +80,9 @@ type opRoute struct {
 	clusterID   string // the ClientProfile's name
 	monitors    []string
 	readmeRoute string // the bullet of deploy/README.md: "- **<this>**"
+	// reapply: the manifest holding the Driver, applied again with kubectl
+	// apply -f as an upgrade does; our volume must survive it.
+	reapply string
 }
 
 func TestK8sCSIOperator(t *testing.T) {
@@ -159,6 +162,7 @@ stringData: {userID: csi-rbd-node, userKey: AQDBWEdpAAAAABAAn7LrKEzaVYxsfp2YFI3Q
 		clusterID:   "rook-ceph",
 		monitors:    mons,
 		readmeRoute: "Rook",
+		reapply:     filepath.Join(bin, "rook/operator.yaml"),
 	}}
 	for _, r := range routes {
 		t.Run(r.name, func(t *testing.T) { testOperatorRoute(t, bin, r) })
@@ -240,15 +244,21 @@ func testOperatorRoute(t *testing.T, bin string, r opRoute) {
 	}
 
 	// The Driver's next reconcile: a change to it, then an operator restart.
-	n := op.quiet(t, r.driver)
-	k.kubectl(t, "-n", r.ns, "annotate", "--overwrite", "driver", r.driver, "rsm-e2e/touched="+strconv.FormatInt(time.Now().UnixNano(), 10))
-	op.waitReconciled(t, r.driver, n)
+	op.touch(t, r)
 	op = op.restart(t)
 	op.waitReconciled(t, r.driver, 0)
 	op.quiet(t, r.driver)
 
 	report := k.checkOperatorWrote(t, r)
 	t.Logf("%s: what the operator wrote into %s:\n%s", r.name, ctrl, report)
+
+	if r.reapply != "" {
+		// An upgrade of the installer's manifest, client-side as its docs
+		// do, over the Driver our recipe patched; then a reconcile.
+		k.kubectl(t, "apply", "-f", r.reapply)
+		op.touch(t, r)
+		k.checkOperatorWrote(t, r)
+	}
 	t.Logf("%s: %.1fs", r.name, time.Since(t0).Seconds())
 }
 
@@ -295,6 +305,16 @@ func (o *csiOperator) start(t *testing.T) {
 			os.Setenv(k, *v)
 		}
 	}
+}
+
+// touch changes the Driver (an annotation) and waits for the reconcile it
+// causes.
+func (o *csiOperator) touch(t *testing.T, r opRoute) {
+	t.Helper()
+	n := o.quiet(t, r.driver)
+	o.k.kubectl(t, "-n", r.ns, "annotate", "--overwrite", "driver", r.driver, "rsm-e2e/touched="+strconv.FormatInt(time.Now().UnixNano(), 10))
+	o.waitReconciled(t, r.driver, n)
+	o.quiet(t, r.driver)
 }
 
 // reconciles counts the manager's successful reconciles of the Driver
