@@ -16,7 +16,7 @@
 #   e2e/k8s/k8s.sh clean     remove cached builds of other pins
 #   e2e/k8s/k8s.sh csi-operator      build ceph-csi-operator's manager (pinned in
 #                            operator/) or find it in the cache; print its folder,
-#                            which also holds the manifests a user applies:
+#                            which also holds the manifests a user applies
 #                            csi-operator/install.yaml and rook/*.yaml
 #   e2e/k8s/k8s.sh csi-operator-dir  print that folder if it is built; exit 1 if not
 #
@@ -179,7 +179,7 @@ csiop_build() {
   trap 'rm -rf "$tmp"' EXIT
   mkdir -p "$tmp/src" "$tmp/bin/csi-operator" "$tmp/bin/rook"
   cp "$HERE"/operator/go.{mod,sum} "$tmp/src/"
-  log "building ceph-csi-operator $CSIOP's manager into $out (~3 min when Go's caches are cold)"
+  log "building ceph-csi-operator $CSIOP's manager into $out (~4 min on 2 idle cores, 24 min at load 20, when Go's caches are cold)"
   (cd "$tmp/src" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$tmp/bin/manager" github.com/ceph/ceph-csi-operator/cmd) ||
     die "building ceph-csi-operator $CSIOP failed (needs the Go module proxy when the module cache is cold)"
   log "built the manager in $(since "$t0")"
