@@ -909,3 +909,55 @@ func dockerfileUser(t *testing.T) string {
 	}
 	return user
 }
+
+// TestDriverTLSKeyPatch: next to ceph-csi-operator v1.0.1-v1.0.4 (and Rook
+// v1.20) the Driver CR needs a controllerPlugin volume named tls-key at
+// /tmp/certificates, where the sidecar the operator injects reads
+// tls.crt/tls.key (its internal/utils/csi.go); the patch mounts the
+// example's own TLS Secret, and the README patches the Driver named like
+// the example's CR, in the example's namespace.
+func TestDriverTLSKeyPatch(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for example, inPod := range examples {
+		if inPod {
+			continue
+		}
+		t.Run(example, func(t *testing.T) {
+			objs := build(t, example)
+			b, err := os.ReadFile(filepath.Join("examples", example, "driver-tls-key.yaml"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var patch struct {
+				Spec struct {
+					ControllerPlugin struct {
+						Volumes []struct {
+							Volume corev1.Volume      `json:"volume"`
+							Mount  corev1.VolumeMount `json:"mount"`
+						} `json:"volumes"`
+					} `json:"controllerPlugin"`
+				} `json:"spec"`
+			}
+			if err := yaml.UnmarshalStrict(b, &patch); err != nil {
+				t.Fatal(err)
+			}
+			vs := patch.Spec.ControllerPlugin.Volumes
+			if len(vs) != 1 || vs[0].Volume.Name != "tls-key" || vs[0].Mount.Name != "tls-key" ||
+				vs[0].Mount.MountPath != "/tmp/certificates" || vs[0].Volume.Secret == nil {
+				t.Fatalf("want one Secret volume tls-key mounted at /tmp/certificates: %+v", vs)
+			}
+			i := slices.IndexFunc(objs.secrets, func(s corev1.Secret) bool { return s.Name == vs[0].Volume.Secret.SecretName })
+			if i < 0 || objs.secrets[i].Type != corev1.SecretTypeTLS {
+				t.Errorf("Secret %s is not the example's TLS Secret", vs[0].Volume.Secret.SecretName)
+			}
+			cmd := "kubectl -n " + objs.namespace + " patch driver " + objs.sms[0].Name +
+				" --type=merge --patch-file=deploy/examples/" + example + "/driver-tls-key.yaml"
+			if !bytes.Contains(readme, []byte(cmd)) {
+				t.Errorf("README.md lacks %q", cmd)
+			}
+		})
+	}
+}

@@ -391,8 +391,8 @@ func TestK8sDeploy(t *testing.T) {
 	for _, c := range []struct {
 		example, ns, driver, configMap, key string
 	}{
-		// Rook >= v1.20: ceph-csi-operator writes ceph-csi-config; Rook's own
-		// rook-ceph-csi-config is left as [].
+		// Rook >= v1.18 runs ceph-csi-operator, which writes
+		// ceph-csi-config; Rook's own rook-ceph-csi-config is left as [].
 		{"rook", "rook-ceph", "rook-ceph.rbd.csi.ceph.com", "ceph-csi-config", "config.json"},
 		{"ceph-csi-operator", "ceph-csi-operator-system", "rbd.csi.ceph.com", "ceph-csi-config", "config.json"},
 	} {

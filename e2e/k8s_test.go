@@ -625,7 +625,10 @@ func startControlPlane(t *testing.T) *k8sEnv {
 		"--client-ca-file="+pki.path("ca.crt"),
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 		"--service-account-key-file="+pki.path("sa.pub"), "--service-account-signing-key-file="+pki.path("sa.key"),
-		"--authorization-mode=RBAC", "--service-cluster-ip-range=10.96.0.0/24")
+		"--authorization-mode=RBAC", "--service-cluster-ip-range=10.96.0.0/24",
+		// As on any cluster running Ceph-CSI: its nodeplugin DaemonSet is
+		// privileged, and refused without it (k8s_operator_test.go).
+		"--allow-privileged=true")
 	waitFor(t, "kube-apiserver", 3*time.Minute, func() bool {
 		code, body := k.do(t, "GET", "/readyz", "", "")
 		return code == 200 && string(body) == "ok"

@@ -23,6 +23,17 @@ else
   export RSM_K8S_BUILD_ERROR="e2e/k8s/k8s.sh build failed (exit $?; its output is above)"
   echo "run-e2e: $RSM_K8S_BUILD_ERROR" >&2
 fi
+# ceph-csi-operator's manager and the operator's and Rook's manifests for
+# k8s_operator_test.go (e2e/k8s/k8s.sh csi-operator): ~3 min once, then
+# cached. A failed build fails that test, not the run.
+if RSM_CSI_OPERATOR_BIN=$("$HERE/k8s/k8s.sh" csi-operator); then
+  export RSM_CSI_OPERATOR_BIN
+  export RSM_BIND="$RSM_CSI_OPERATOR_BIN${RSM_BIND:+ $RSM_BIND}"
+else
+  unset RSM_CSI_OPERATOR_BIN
+  export RSM_CSI_OPERATOR_BUILD_ERROR="e2e/k8s/k8s.sh csi-operator failed (exit $?; its output is above)"
+  echo "run-e2e: $RSM_CSI_OPERATOR_BUILD_ERROR" >&2
+fi
 # The deploy test (k8s_deploy_test.go) applies deploy/'s examples over
 # Ceph-CSI's real manifests, reference data in shared/ next to the checkout.
 export RSM_BIND="$PWD/deploy${RSM_BIND:+ $RSM_BIND}"

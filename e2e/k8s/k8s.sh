@@ -14,6 +14,11 @@
 #   e2e/k8s/k8s.sh down      let a held run end (it stops what it started)
 #   e2e/k8s/k8s.sh tidy      regenerate the go.mod/go.sum files (module proxy)
 #   e2e/k8s/k8s.sh clean     remove cached builds of other pins
+#   e2e/k8s/k8s.sh csi-operator      build ceph-csi-operator's manager (pinned in
+#                            operator/) or find it in the cache; print its folder,
+#                            which also holds the manifests a user applies
+#                            csi-operator/install.yaml and rook/*.yaml
+#   e2e/k8s/k8s.sh csi-operator-dir  print that folder if it is built; exit 1 if not
 #
 # The build takes ~5 min with cold Go caches on 2 cores (~1 GB of modules);
 # its output lives in $RSM_K8S_CACHE/<hash of the pins, go.sum files and Go
@@ -130,9 +135,70 @@ clean() {
   local k d
   k=$(key)
   for d in "$CACHE"/*/; do
-    [ -d "$d" ] && [ "$(basename "$d")" != "$k" ] && { rm -rf "$d"; log "removed $d"; }
+    [ -d "$d" ] && [ "$(basename "$d")" != "$k" ] && [ "$(basename "$d")" != "csi-operator-$(csiop_key)" ] &&
+      { rm -rf "$d"; log "removed $d"; }
   done
   return 0
+}
+
+# ------------------------------------------------------- ceph-csi-operator --
+# The real ceph-csi-operator for e2e/k8s_operator_test.go: its manager built
+# from the module proxy at CSIOP (pinned in operator/go.mod; its hash in
+# operator/go.sum, since the checksum database does not list the module),
+# its own all-in-one manifest at that tag, and Rook's manifests at ROOK, the
+# ones Rook's quick start creates (crds, common, csi-operator, operator).
+# The manager runs as a process against the test's kube-apiserver.
+CSIOP=v1.0.4      # github.com/ceph/ceph-csi-operator
+CSIOP_INSTALL_SHA256=be46f9e4119b09a2fce558942acd4f88307f91a70e098d8354474f3165e7224e
+ROOK_FROM=github.com/rook/rook@v1.20.6   # only its deploy/examples manifests
+ROOK_SHA256="7fa7462d44b35d636703a03a88120030692a06a05ac91ec253200cb4ae8c37cf crds.yaml
+2d59b3093446dcf7dd69c73ebaef2d41e8cdfd14af564c2e885d49ab8d190457 common.yaml
+de0bf9160c8370220353d7140a4b60ee6d4b8eda5e260f395fd00cbdc1059ffb csi-operator.yaml
+c69bb7309b6dfc34a1eeab658a1f9c825c7d156fb26dc1a6a824f6a9735761a4 operator.yaml"
+CSIOP_BUILD_REV=1 # bump when csiop_build's commands change
+export GONOSUMDB=${GONOSUMDB:+$GONOSUMDB,}github.com/ceph/ceph-csi-operator
+
+csiop_key() {
+  {
+    go env GOVERSION GOOS GOARCH
+    echo "$CSIOP_BUILD_REV $CSIOP $CSIOP_INSTALL_SHA256 $ROOK_FROM $ROOK_SHA256"
+    (cd "$HERE" && sha256sum operator/*)
+  } | sha256sum | cut -c1-16
+}
+
+csiop_build() {
+  local out t0 od rd f
+  out=$CACHE/csi-operator-$(csiop_key)
+  [ -f "$out/.complete" ] && { echo "$out"; return; }
+  mkdir -p "$CACHE"
+  exec 7>"$CACHE/.lock-csi-operator"
+  flock -w 1800 7 || die "timed out waiting for $CACHE/.lock-csi-operator"
+  [ -f "$out/.complete" ] && { echo "$out"; return; }
+  t0=$(now)
+  tmp=$(mktemp -d "$CACHE/.tmp.XXXXXX")   # global: the EXIT trap needs it
+  trap 'rm -rf "$tmp"' EXIT
+  mkdir -p "$tmp/src" "$tmp/bin/csi-operator" "$tmp/bin/rook"
+  cp "$HERE"/operator/go.{mod,sum} "$tmp/src/"
+  log "building ceph-csi-operator $CSIOP's manager into $out (~4 min on 2 idle cores, 24 min at load 20, when Go's caches are cold)"
+  (cd "$tmp/src" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$tmp/bin/manager" github.com/ceph/ceph-csi-operator/cmd) ||
+    die "building ceph-csi-operator $CSIOP failed (needs the Go module proxy when the module cache is cold)"
+  log "built the manager in $(since "$t0")"
+  od=$(cd "$tmp/src" && moddir "github.com/ceph/ceph-csi-operator@$CSIOP")
+  install -m 644 "$od/deploy/all-in-one/install.yaml" "$tmp/bin/csi-operator/"
+  echo "$CSIOP_INSTALL_SHA256  $tmp/bin/csi-operator/install.yaml" | sha256sum -c --quiet - ||
+    die "ceph-csi-operator $CSIOP's deploy/all-in-one/install.yaml is not the one pinned"
+  rd=$(cd / && moddir "$ROOK_FROM")/deploy/examples
+  while read -r sum f; do
+    install -m 644 "$rd/$f" "$tmp/bin/rook/"
+    echo "$sum  $tmp/bin/rook/$f" | sha256sum -c --quiet - || die "$ROOK_FROM's $f is not the one pinned"
+  done <<<"$ROOK_SHA256"
+  printf 'ceph-csi-operator %s (manager, deploy/all-in-one/install.yaml)\nrook %s (deploy/examples)\n%s\n' \
+    "$CSIOP" "$ROOK_FROM" "$(go env GOVERSION)" >"$tmp/bin/VERSIONS"
+  touch "$tmp/bin/.complete"
+  rm -rf "$out"
+  mv "$tmp/bin" "$out"
+  log "ceph-csi-operator built into $out in $(since "$t0")"
+  echo "$out"
 }
 
 alive() { [ -r "/proc/$1/stat" ] && [ "$(sed 's/.*) //' "/proc/$1/stat" | cut -c1)" != Z ]; }
@@ -170,5 +236,7 @@ case "${1:-}" in
 build) build ;;
 dir) d=$CACHE/$(key); [ -f "$d/.complete" ] || die "not built: $d"; echo "$d" ;;
 up | down | tidy | clean) "$1" ;;
+csi-operator) csiop_build ;;
+csi-operator-dir) d=$CACHE/csi-operator-$(csiop_key); [ -f "$d/.complete" ] || die "not built: $d"; echo "$d" ;;
 *) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

@@ -1,0 +1,972 @@
+//go:build e2e
+
+package e2e
+
+// TestK8sCSIOperator runs the real ceph-csi-operator (v1.0.4, its manager
+// built by e2e/k8s/k8s.sh csi-operator) against the real kube-apiserver, once
+// installed from its own all-in-one manifest with the objects of its quick
+// start, once as Rook v1.20's quick start installs it (Rook's crds, common,
+// csi-operator and operator manifests, and the CephConnection and
+// ClientProfile Rook's operator writes). Then it follows deploy/README.md's
+// route for that installer as written (the shell blocks under the route's
+// bullet, run with bash), makes the operator reconcile the Driver (a change
+// to the Driver, then an operator restart), and checks statically what the
+// operator wrote, since no kubelet runs a pod here:
+//
+//   - every container of every Deployment and DaemonSet the operator manages
+//     and of ours mounts only volumes of its pod, and every Secret,
+//     ConfigMap and ServiceAccount the pod refers to exists;
+//   - a csi-snapshot-metadata sidecar (the one the operator injects into
+//     <driver>-ctrlplugin, ours) finds its TLS files in a mounted Secret at
+//     the paths its arguments name, and its --csi-address is a socket in a
+//     volume it shares with a container that serves SnapshotMetadata there;
+//   - the SnapshotMetadataService named after the driver leads, through our
+//     Service, to a sidecar in front of OUR server, and its caCert verifies
+//     that sidecar's certificate for the CR's host;
+//   - the cluster config our server reads holds the monitors of the
+//     operator's CephConnection.
+//
+// Before deploy/README.md gave the Driver its tls-key volume, the operator
+// injected a sidecar without TLS files (it exits at start: the controller
+// pods never become Ready); this test failed on that recipe.
+
+import (
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// csiOperatorBin is e2e/k8s/k8s.sh csi-operator's folder: manager,
+// csi-operator/install.yaml, rook/*.yaml.
+func csiOperatorBin(t *testing.T) string {
+	t.Helper()
+	dir := os.Getenv("RSM_CSI_OPERATOR_BIN")
+	if msg := os.Getenv("RSM_CSI_OPERATOR_BUILD_ERROR"); dir == "" && msg != "" {
+		t.Fatal(msg)
+	}
+	if dir == "" {
+		t.Fatal("RSM_CSI_OPERATOR_BIN is not set: run e2e/run-e2e.sh (./dev.sh e2e), or export RSM_CSI_OPERATOR_BIN=$(e2e/k8s/k8s.sh csi-operator) and add it to RSM_BIND")
+	}
+	for _, f := range []string{"manager", "csi-operator/install.yaml", "rook/operator.yaml", "rook/csi-operator.yaml"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			t.Fatalf("%v: e2e/k8s/k8s.sh csi-operator failed or its folder is not bound into the rootfs", err)
+		}
+	}
+	return dir
+}
+
+// opRoute is one way a user has the operator: its manifests, what the user
+// (or Rook's operator) creates, and which route of deploy/README.md to follow.
+type opRoute struct {
+	name        string
+	manifests   []string // kubectl create -f, in this order
+	ns          string   // the operator's (and the Driver's) namespace
+	driver      string
+	manager     string // the operator's Deployment (run here as a process instead)
+	others      []string
+	objects     string // what the user (or Rook) creates after the install
+	clusterID   string // the ClientProfile's name
+	monitors    []string
+	readmeRoute string // the bullet of deploy/README.md: "- **<this>**"
+	// reapply: the manifest holding the Driver, applied again with kubectl
+	// apply -f as an upgrade does; our volume must survive it.
+	reapply string
+}
+
+func TestK8sCSIOperator(t *testing.T) {
+	bin := csiOperatorBin(t)
+	mons := []string{"192.0.2.10:6789", "192.0.2.11:6789"}
+	routes := []opRoute{{
+		// ceph-csi-operator's docs/quick-start.md: install.yaml, then the
+		// RBD Driver, a CephConnection and a ClientProfile.
+		name:      "ceph-csi-operator",
+		manifests: []string{filepath.Join(bin, "csi-operator/install.yaml")},
+		ns:        "ceph-csi-operator-system",
+		driver:    "rbd.csi.ceph.com",
+		manager:   "ceph-csi-operator-controller-manager",
+		objects: `apiVersion: csi.ceph.io/v1
+kind: Driver
+metadata: {name: rbd.csi.ceph.com, namespace: ceph-csi-operator-system}
+---
+apiVersion: csi.ceph.io/v1
+kind: CephConnection
+metadata: {name: ceph-connection, namespace: ceph-csi-operator-system}
+spec:
+  monitors: [` + strings.Join(mons, ", ") + `]
+---
+apiVersion: csi.ceph.io/v1
+kind: ClientProfile
+metadata: {name: storage, namespace: ceph-csi-operator-system}
+spec:
+  cephConnectionRef: {name: ceph-connection}
+  cephFs: {subVolumeGroup: csi}
+`,
+		clusterID:   "storage",
+		monitors:    mons,
+		readmeRoute: "ceph-csi-operator",
+	}, {
+		// Rook v1.20's quick start (kubectl create -f crds.yaml -f
+		// common.yaml -f csi-operator.yaml -f operator.yaml): operator.yaml
+		// holds the Driver CRs, the OperatorConfig and the image set. Rook's
+		// operator then writes, for the CephCluster in rook-ceph, the
+		// CephConnection and the default ClientProfile named after the
+		// cluster's namespace (pkg/operator/ceph/csi/ceph_connection.go,
+		// config.go), and the CSI secrets those name.
+		name: "rook",
+		manifests: []string{filepath.Join(bin, "rook/crds.yaml"), filepath.Join(bin, "rook/common.yaml"),
+			filepath.Join(bin, "rook/csi-operator.yaml"), filepath.Join(bin, "rook/operator.yaml")},
+		ns:      "rook-ceph",
+		driver:  "rook-ceph.rbd.csi.ceph.com",
+		manager: "ceph-csi-controller-manager",
+		others:  []string{"rook-ceph-operator"},
+		objects: `apiVersion: csi.ceph.io/v1
+kind: CephConnection
+metadata: {name: rook-ceph, namespace: rook-ceph}
+spec:
+  monitors: [` + strings.Join(mons, ", ") + `]
+---
+apiVersion: csi.ceph.io/v1
+kind: ClientProfile
+metadata: {name: rook-ceph, namespace: rook-ceph}
+spec:
+  cephConnectionRef: {name: rook-ceph}
+  cephFs:
+    cephCsiSecrets:
+      controllerPublishSecret: {name: rook-csi-cephfs-provisioner, namespace: rook-ceph}
+  rbd:
+    cephCsiSecrets:
+      controllerPublishSecret: {name: rook-csi-rbd-provisioner, namespace: rook-ceph}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: rook-csi-rbd-provisioner, namespace: rook-ceph}
+stringData: {userID: csi-rbd-provisioner, userKey: AQDBWEdpAAAAABAAn7LrKEzaVYxsfp2YFI3QGQ==}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: rook-csi-rbd-node, namespace: rook-ceph}
+stringData: {userID: csi-rbd-node, userKey: AQDBWEdpAAAAABAAn7LrKEzaVYxsfp2YFI3QGQ==}
+`,
+		clusterID:   "rook-ceph",
+		monitors:    mons,
+		readmeRoute: "Rook",
+		reapply:     filepath.Join(bin, "rook/operator.yaml"),
+	}}
+	for _, r := range routes {
+		t.Run(r.name, func(t *testing.T) { testOperatorRoute(t, bin, r) })
+	}
+}
+
+func testOperatorRoute(t *testing.T, bin string, r opRoute) {
+	t0 := time.Now()
+	k := startControlPlane(t)
+	tmp := t.TempDir()
+
+	// The operator's install, as its docs say; its manager runs here as a
+	// process with the Deployment's arguments, environment and
+	// ServiceAccount (so the manifest's RBAC is what it gets).
+	// One file at a time, each file's CRDs established before the next
+	// one's objects (Rook's operator.yaml holds Driver CRs).
+	for _, m := range r.manifests {
+		k.kubectl(t, "create", "-f", m)
+		k.kubectl(t, "wait", "--for=condition=Established", "crd", "--all", "--timeout=120s")
+	}
+	var dep struct {
+		Spec struct {
+			Template struct {
+				Spec struct {
+					ServiceAccountName string
+					Containers         []struct {
+						Name string
+						Args []string
+						Env  []struct{ Name, Value string }
+					}
+				}
+			}
+		}
+	}
+	k.getJSON(t, &dep, "-n", r.ns, "deployment", r.manager)
+	// No kube-controller-manager here: these Deployments never get pods.
+	// Delete them so that nothing but the operator's own objects is left
+	// to check.
+	k.kubectl(t, append([]string{"-n", r.ns, "delete", "deployment", r.manager}, r.others...)...)
+	ps := dep.Spec.Template.Spec
+	i := slices.IndexFunc(ps.Containers, func(c struct {
+		Name string
+		Args []string
+		Env  []struct{ Name, Value string }
+	}) bool {
+		return c.Name == "manager"
+	})
+	if i < 0 {
+		t.Fatalf("no manager container in %s", r.manager)
+	}
+	mc := ps.Containers[i]
+	env := []string{"OPERATOR_NAMESPACE=" + r.ns, "KUBECONFIG=" + k.tokenKubeconfig(t, r.ns, ps.ServiceAccountName)}
+	for _, e := range mc.Env {
+		if e.Name != "OPERATOR_NAMESPACE" {
+			env = append(env, e.Name+"="+e.Value)
+		}
+	}
+	// Its arguments but --leader-elect: out of a pod, controller-runtime
+	// finds no namespace for the lease and the manager exits; one manager
+	// runs here at a time. Ports: the harness's, not the pod's.
+	margs := slices.DeleteFunc(slices.Clone(mc.Args), func(a string) bool { return a == "--leader-elect" })
+	margs = append(margs, "--metrics-bind-address=0", fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", k.ports.health))
+	t.Logf("manager %v, env %v", margs, env[:1])
+	op := k.startOperator(t, bin, margs, env)
+
+	k.kubectl(t, "create", "-f", writeTmp(t, tmp, "objects.yaml", r.objects))
+	ctrl := r.driver + "-ctrlplugin"
+	waitFor(t, "the operator's "+ctrl+" and nodeplugin", 3*time.Minute, func() bool {
+		_, e1 := k.kubectlQuiet("-n", r.ns, "get", "deployment", ctrl)
+		_, e2 := k.kubectlQuiet("-n", r.ns, "get", "daemonset", r.driver+"-nodeplugin")
+		out, e3 := k.kubectlQuiet("-n", r.ns, "get", "configmap", "ceph-csi-config", "-o", "jsonpath={.data.config\\.json}")
+		return e1 == nil && e2 == nil && e3 == nil && strings.Contains(out, r.monitors[0])
+	})
+
+	// deploy/README.md's route, as written.
+	root := filepath.Dir(deployTree(t))
+	for _, cmd := range readmeCommands(t, "../deploy/README.md", r.readmeRoute) {
+		k.sh(t, root, cmd)
+	}
+
+	// The Driver's next reconcile: a change to it, then an operator restart.
+	op.touch(t, r)
+	op = op.restart(t)
+	op.waitReconciled(t, r.driver, 0)
+	op.quiet(t, r.driver)
+
+	report := k.checkOperatorWrote(t, r)
+	t.Logf("%s: what the operator wrote into %s:\n%s", r.name, ctrl, report)
+
+	if r.reapply != "" {
+		// An upgrade of the installer's manifest, client-side as its docs
+		// do, over the Driver our recipe patched; then a reconcile.
+		k.kubectl(t, "apply", "-f", r.reapply)
+		op.touch(t, r)
+		k.checkOperatorWrote(t, r)
+	}
+	t.Logf("%s: %.1fs", r.name, time.Since(t0).Seconds())
+}
+
+// ------------------------------------------------------------ the manager --
+
+type csiOperator struct {
+	k    *k8sEnv
+	p    *k8sProc
+	bin  string
+	args []string
+	env  []string
+	runs int
+}
+
+func (k *k8sEnv) startOperator(t *testing.T, bin string, args, env []string) *csiOperator {
+	t.Helper()
+	o := &csiOperator{k: k, bin: bin, args: args, env: env}
+	o.start(t)
+	return o
+}
+
+func (o *csiOperator) name() string { return fmt.Sprintf("ceph-csi-operator-%d", o.runs) }
+
+func (o *csiOperator) start(t *testing.T) {
+	t.Helper()
+	o.runs++
+	// k8sProc runs bin with the test's environment; the operator's comes
+	// from its Deployment.
+	old := map[string]*string{}
+	for _, e := range o.env {
+		kv := strings.SplitN(e, "=", 2)
+		if v, ok := os.LookupEnv(kv[0]); ok {
+			old[kv[0]] = &v
+		} else {
+			old[kv[0]] = nil
+		}
+		os.Setenv(kv[0], kv[1])
+	}
+	o.p = o.k.start(t, o.name(), filepath.Join(o.bin, "manager"), o.args...)
+	for k, v := range old {
+		if v == nil {
+			os.Unsetenv(k)
+		} else {
+			os.Setenv(k, *v)
+		}
+	}
+}
+
+// touch changes the Driver (an annotation) and waits for the reconcile it
+// causes.
+func (o *csiOperator) touch(t *testing.T, r opRoute) {
+	t.Helper()
+	n := o.quiet(t, r.driver)
+	o.k.kubectl(t, "-n", r.ns, "annotate", "--overwrite", "driver", r.driver, "rsm-e2e/touched="+strconv.FormatInt(time.Now().UnixNano(), 10))
+	o.waitReconciled(t, r.driver, n)
+	o.quiet(t, r.driver)
+}
+
+// reconciles counts the manager's successful reconciles of the Driver
+// (its log line names the Driver).
+func (o *csiOperator) reconciles(driver string) int {
+	re := regexp.MustCompile(`CSI Driver reconciliation completed successfully.*"name": "` + regexp.QuoteMeta(driver) + `"`)
+	return len(re.FindAllStringIndex(o.k.log(o.name()), -1))
+}
+
+// quiet waits until the manager has not finished a reconcile of the Driver
+// for 2 s (one in flight would count as the next), and returns the count.
+func (o *csiOperator) quiet(t *testing.T, driver string) int {
+	t.Helper()
+	n, since := o.reconciles(driver), time.Now()
+	waitFor(t, o.name()+": no reconcile of "+driver+" for 2 s", time.Minute, func() bool {
+		if m := o.reconciles(driver); m != n {
+			n, since = m, time.Now()
+		}
+		return time.Since(since) > 2*time.Second
+	})
+	return n
+}
+
+// waitReconciled waits for one more successful reconcile of the Driver
+// than n.
+func (o *csiOperator) waitReconciled(t *testing.T, driver string, n int) {
+	t.Helper()
+	waitFor(t, o.name()+": a reconcile of "+driver, 2*time.Minute, func() bool {
+		if !o.p.running() {
+			t.Fatalf("%s exited: %v\n%s", o.name(), o.p.err, tail(o.k.log(o.name()), 30))
+		}
+		return o.reconciles(driver) > n
+	})
+}
+
+// restart stops the manager (SIGTERM) and starts it again; it reconciles
+// every Driver at start.
+func (o *csiOperator) restart(t *testing.T) *csiOperator {
+	t.Helper()
+	o.p.mayExit = true
+	_ = o.p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-o.p.exited:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%s still running 30 s after SIGTERM", o.name())
+	}
+	o.start(t)
+	return o
+}
+
+// ---------------------------------------------------------- the README --
+
+// readmeCommands: the shell blocks of deploy/README.md's bullet "- **route**"
+// (up to the next bullet or section), one command per element; a line
+// ending in | or \ continues.
+func readmeCommands(t *testing.T, readme, route string) []string {
+	t.Helper()
+	b, err := os.ReadFile(readme)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(string(b), "\n")
+	start := slices.IndexFunc(lines, func(l string) bool { return strings.HasPrefix(l, "- **"+route+"**") })
+	if start < 0 {
+		t.Fatalf("%s has no bullet - **%s**", readme, route)
+	}
+	var cmds []string
+	in := false
+	cur := ""
+	for _, l := range lines[start+1:] {
+		s := strings.TrimSpace(l)
+		if !in && (strings.HasPrefix(l, "- **") || strings.HasPrefix(l, "#")) {
+			break
+		}
+		if strings.HasPrefix(s, "```") {
+			in = !in && s == "```sh"
+			continue
+		}
+		if !in || s == "" || strings.HasPrefix(s, "#") {
+			continue
+		}
+		cur += s
+		if strings.HasSuffix(s, "|") || strings.HasSuffix(s, `\`) {
+			cur = strings.TrimSuffix(cur, `\`) + " "
+			continue
+		}
+		cmds = append(cmds, cur)
+		cur = ""
+	}
+	if len(cmds) == 0 {
+		t.Fatalf("%s: no sh block under - **%s**", readme, route)
+	}
+	return cmds
+}
+
+// sh runs one of the README's commands in dir (the checkout: deploy/ is
+// there) with bash, kubectl on PATH as admin.
+func (k *k8sEnv) sh(t *testing.T, dir, cmd string) {
+	t.Helper()
+	c := exec.Command("bash", "-euo", "pipefail", "-c", cmd)
+	c.Dir = dir
+	c.Env = append(os.Environ(), "PATH="+k.bin+":"+os.Getenv("PATH"), "KUBECONFIG="+k.adminKubeconfig(t))
+	out, err := c.CombinedOutput()
+	t.Logf("$ %s\n%s", cmd, strings.TrimRight(string(out), "\n"))
+	if err != nil {
+		t.Fatalf("deploy/README.md's command failed: %s: %v", cmd, err)
+	}
+}
+
+func (k *k8sEnv) adminKubeconfig(t *testing.T) string {
+	t.Helper()
+	cfg := filepath.Join(k.dir, "admin.kubeconfig")
+	if _, err := os.Stat(cfg); err != nil {
+		k.kubeconfig(t, "admin", "")
+	}
+	return cfg
+}
+
+// kubectlQuiet runs kubectl as admin without logging (for polling).
+func (k *k8sEnv) kubectlQuiet(args ...string) (string, error) {
+	cfg := filepath.Join(k.dir, "admin.kubeconfig")
+	out, err := exec.Command(filepath.Join(k.bin, "kubectl"), append([]string{"--kubeconfig", cfg}, args...)...).CombinedOutput()
+	return string(out), err
+}
+
+// tokenKubeconfig: a kubeconfig with a 24 h token of ns/sa.
+func (k *k8sEnv) tokenKubeconfig(t *testing.T, ns, sa string) string {
+	t.Helper()
+	body := k.must(t, "POST", "/api/v1/namespaces/"+ns+"/serviceaccounts/"+sa+"/token", "application/json",
+		`{"apiVersion":"authentication.k8s.io/v1","kind":"TokenRequest","spec":{"expirationSeconds":86400}}`)
+	var tr struct{ Status struct{ Token string } }
+	if err := json.Unmarshal(body, &tr); err != nil || tr.Status.Token == "" {
+		t.Fatalf("TokenRequest for %s/%s: %v: %s", ns, sa, err, body)
+	}
+	return k.kubeconfig(t, ns+"-"+sa, tr.Status.Token)
+}
+
+func writeTmp(t *testing.T, dir, name, s string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	writeFile(t, p, s)
+	return p
+}
+
+// ------------------------------------------------------------ the check --
+
+type opVolume struct {
+	Name   string `json:"name"`
+	Secret *struct {
+		SecretName string                       `json:"secretName"`
+		Items      []struct{ Key, Path string } `json:"items"`
+		Optional   *bool                        `json:"optional"`
+	} `json:"secret"`
+	ConfigMap *struct {
+		Name     string                       `json:"name"`
+		Items    []struct{ Key, Path string } `json:"items"`
+		Optional *bool                        `json:"optional"`
+	} `json:"configMap"`
+	Projected *struct {
+		Sources []struct {
+			Secret *struct {
+				Name     string `json:"name"`
+				Optional *bool  `json:"optional"`
+			} `json:"secret"`
+			ConfigMap *struct {
+				Name     string `json:"name"`
+				Optional *bool  `json:"optional"`
+			} `json:"configMap"`
+		} `json:"sources"`
+	} `json:"projected"`
+}
+
+type opMount struct {
+	Name      string `json:"name"`
+	MountPath string `json:"mountPath"`
+	SubPath   string `json:"subPath"`
+}
+
+type opContainer struct {
+	Name         string    `json:"name"`
+	Image        string    `json:"image"`
+	Args         []string  `json:"args"`
+	VolumeMounts []opMount `json:"volumeMounts"`
+	Ports        []struct {
+		Name          string `json:"name"`
+		ContainerPort int    `json:"containerPort"`
+	} `json:"ports"`
+	Env []struct {
+		Name      string `json:"name"`
+		ValueFrom *struct {
+			SecretKeyRef    *struct{ Name, Key string } `json:"secretKeyRef"`
+			ConfigMapKeyRef *struct{ Name, Key string } `json:"configMapKeyRef"`
+		} `json:"valueFrom"`
+	} `json:"env"`
+}
+
+type opWorkload struct {
+	Kind     string `json:"kind"`
+	Metadata struct {
+		Name            string                        `json:"name"`
+		OwnerReferences []struct{ Kind, Name string } `json:"ownerReferences"`
+	} `json:"metadata"`
+	Spec struct {
+		Template struct {
+			Metadata struct {
+				Labels map[string]string `json:"labels"`
+			} `json:"metadata"`
+			Spec struct {
+				ServiceAccountName string        `json:"serviceAccountName"`
+				Containers         []opContainer `json:"containers"`
+				InitContainers     []opContainer `json:"initContainers"`
+				Volumes            []opVolume    `json:"volumes"`
+			} `json:"spec"`
+		} `json:"template"`
+	} `json:"spec"`
+}
+
+func argValue(args []string, flag string) (string, bool) {
+	for _, a := range args {
+		if v, ok := strings.CutPrefix(a, flag+"="); ok {
+			return v, true
+		}
+	}
+	return "", false
+}
+
+// mountFor: the container's mount that holds file p, and p inside it.
+func mountFor(c opContainer, p string) (opMount, string, bool) {
+	best, rel, ok := opMount{}, "", false
+	for _, m := range c.VolumeMounts {
+		mp := strings.TrimSuffix(m.MountPath, "/")
+		if r, found := strings.CutPrefix(p, mp+"/"); found && len(mp) >= len(strings.TrimSuffix(best.MountPath, "/")) {
+			best, rel, ok = m, r, true
+		}
+	}
+	return best, rel, ok
+}
+
+func socketPath(addr string) string { return strings.TrimPrefix(addr, "unix://") }
+
+// checkOperatorWrote checks every Deployment and DaemonSet in the route's
+// namespace (the operator's, and ours) and the SnapshotMetadataService; it
+// returns the injected sidecar's args and mounts for the log.
+func (k *k8sEnv) checkOperatorWrote(t *testing.T, r opRoute) string {
+	t.Helper()
+	var list struct{ Items []opWorkload }
+	k.getJSON(t, &list, "-n", r.ns, "deployments,daemonsets")
+	secrets := map[string]map[string]string{}
+	var sl struct {
+		Items []struct {
+			Metadata struct{ Name string }
+			Data     map[string]string
+		}
+	}
+	k.getJSON(t, &sl, "-n", r.ns, "secrets")
+	for _, s := range sl.Items {
+		secrets[s.Metadata.Name] = s.Data
+	}
+	cms := map[string]map[string]string{}
+	var cl struct {
+		Items []struct {
+			Metadata struct{ Name string }
+			Data     map[string]string
+		}
+	}
+	k.getJSON(t, &cl, "-n", r.ns, "configmaps")
+	for _, c := range cl.Items {
+		cms[c.Metadata.Name] = c.Data
+	}
+	sas := map[string]bool{}
+	var sal struct {
+		Items []struct{ Metadata struct{ Name string } }
+	}
+	k.getJSON(t, &sal, "-n", r.ns, "serviceaccounts")
+	for _, s := range sal.Items {
+		sas[s.Metadata.Name] = true
+	}
+
+	var report strings.Builder
+	managed := 0
+	for _, w := range list.Items {
+		owned := slices.ContainsFunc(w.Metadata.OwnerReferences, func(o struct{ Kind, Name string }) bool {
+			return o.Kind == "Driver" && o.Name == r.driver
+		})
+		if owned {
+			managed++
+		}
+		what := w.Kind + " " + w.Metadata.Name
+		ps := w.Spec.Template.Spec
+		vols := map[string]opVolume{}
+		for _, v := range ps.Volumes {
+			vols[v.Name] = v
+		}
+		if sa := ps.ServiceAccountName; sa != "" && !sas[sa] {
+			t.Errorf("%s: ServiceAccount %s does not exist", what, sa)
+		}
+		for _, v := range ps.Volumes {
+			switch {
+			case v.Secret != nil:
+				if _, ok := secrets[v.Secret.SecretName]; !ok && !ptrTrue(v.Secret.Optional) {
+					t.Errorf("%s: volume %s: Secret %s does not exist", what, v.Name, v.Secret.SecretName)
+				}
+			case v.ConfigMap != nil:
+				if _, ok := cms[v.ConfigMap.Name]; !ok && !ptrTrue(v.ConfigMap.Optional) {
+					t.Errorf("%s: volume %s: ConfigMap %s does not exist", what, v.Name, v.ConfigMap.Name)
+				}
+			case v.Projected != nil:
+				for _, s := range v.Projected.Sources {
+					if s.Secret != nil && !ptrTrue(s.Secret.Optional) {
+						if _, ok := secrets[s.Secret.Name]; !ok {
+							t.Errorf("%s: volume %s: Secret %s does not exist", what, v.Name, s.Secret.Name)
+						}
+					}
+					if s.ConfigMap != nil && !ptrTrue(s.ConfigMap.Optional) {
+						if _, ok := cms[s.ConfigMap.Name]; !ok {
+							t.Errorf("%s: volume %s: ConfigMap %s does not exist", what, v.Name, s.ConfigMap.Name)
+						}
+					}
+				}
+			}
+		}
+		for _, c := range append(slices.Clone(ps.InitContainers), ps.Containers...) {
+			for _, m := range c.VolumeMounts {
+				if _, ok := vols[m.Name]; !ok {
+					t.Errorf("%s: container %s mounts %s at %s: the pod has no such volume", what, c.Name, m.Name, m.MountPath)
+				}
+			}
+			for _, e := range c.Env {
+				if e.ValueFrom == nil {
+					continue
+				}
+				if r := e.ValueFrom.SecretKeyRef; r != nil {
+					if _, ok := secrets[r.Name][r.Key]; !ok {
+						t.Errorf("%s: container %s env %s: Secret %s key %s does not exist", what, c.Name, e.Name, r.Name, r.Key)
+					}
+				}
+				if r := e.ValueFrom.ConfigMapKeyRef; r != nil {
+					if _, ok := cms[r.Name][r.Key]; !ok {
+						t.Errorf("%s: container %s env %s: ConfigMap %s key %s does not exist", what, c.Name, e.Name, r.Name, r.Key)
+					}
+				}
+			}
+			if !strings.Contains(c.Image, "csi-snapshot-metadata") {
+				continue
+			}
+			// A snapshot-metadata sidecar.
+			fmt.Fprintf(&report, "  %s, container %s (%s)\n    args:", what, c.Name, c.Image)
+			for _, a := range c.Args {
+				fmt.Fprintf(&report, " %s", a)
+			}
+			report.WriteString("\n    volumeMounts:")
+			for _, m := range c.VolumeMounts {
+				src := "?"
+				if v, ok := vols[m.Name]; ok {
+					src = volumeSource(v)
+				}
+				fmt.Fprintf(&report, " %s→%s (%s)", m.Name, m.MountPath, src)
+			}
+			report.WriteString("\n")
+			for _, f := range []string{"--tls-cert", "--tls-key"} {
+				p, ok := argValue(c.Args, f)
+				if !ok {
+					t.Errorf("%s: sidecar %s has no %s", what, c.Name, f)
+					continue
+				}
+				m, rel, ok := mountFor(c, p)
+				if !ok {
+					t.Errorf("%s: sidecar %s: %s=%s, but nothing is mounted there: the sidecar exits at start and the pod never becomes Ready", what, c.Name, f, p)
+					continue
+				}
+				v := vols[m.Name]
+				if v.Secret == nil {
+					t.Errorf("%s: sidecar %s: %s=%s is in volume %s, not a Secret", what, c.Name, f, p, m.Name)
+					continue
+				}
+				key := rel
+				for _, it := range v.Secret.Items {
+					if it.Path == rel {
+						key = it.Key
+					}
+				}
+				if _, ok := secrets[v.Secret.SecretName][key]; !ok {
+					t.Errorf("%s: sidecar %s: %s=%s: Secret %s has no key %s", what, c.Name, f, p, v.Secret.SecretName, key)
+				}
+			}
+			addr, ok := argValue(c.Args, "--csi-address")
+			if !ok {
+				t.Errorf("%s: sidecar %s has no --csi-address", what, c.Name)
+				continue
+			}
+			sock := socketPath(addr)
+			m, _, ok := mountFor(c, sock)
+			if !ok {
+				t.Errorf("%s: sidecar %s: --csi-address=%s is in no mounted volume", what, c.Name, addr)
+				continue
+			}
+			server := snapshotMetadataServer(ps.Containers, m.Name, sock)
+			if server == "" {
+				t.Errorf("%s: sidecar %s: no container serves SnapshotMetadata on %s (volume %s)", what, c.Name, sock, m.Name)
+			}
+			fmt.Fprintf(&report, "    %s is served by %s\n", sock, server)
+		}
+	}
+	if managed < 2 {
+		t.Errorf("the operator manages %d Deployments/DaemonSets for %s, want its ctrlplugin and nodeplugin", managed, r.driver)
+	}
+
+	// The SnapshotMetadataService: named after the driver, to OUR server.
+	var sms struct {
+		Spec struct{ Address, CACert, Audience string }
+	}
+	k.getJSON(t, &sms, "snapshotmetadataservice", r.driver)
+	hostPort := strings.SplitN(sms.Spec.Address, ":", 2)
+	host := hostPort[0]
+	svcNS := strings.SplitN(host+".", ".", 3)
+	var svc struct {
+		Spec struct {
+			Selector map[string]string
+			Ports    []struct {
+				Port       int
+				TargetPort any
+			}
+		}
+	}
+	if len(hostPort) != 2 || svcNS[1] == "" {
+		t.Fatalf("SnapshotMetadataService %s: address %q is not <service>.<namespace>:<port>", r.driver, sms.Spec.Address)
+	}
+	k.getJSON(t, &svc, "-n", svcNS[1], "service", svcNS[0])
+	port, _ := strconv.Atoi(hostPort[1])
+	var target any
+	for _, p := range svc.Spec.Ports {
+		if p.Port == port {
+			target = p.TargetPort
+		}
+	}
+	if target == nil {
+		t.Fatalf("Service %s has no port %d", host, port)
+	}
+	var reached []string
+	for _, w := range list.Items {
+		pod := w.Spec.Template
+		if svcNS[1] != r.ns || len(svc.Spec.Selector) == 0 || !selects(svc.Spec.Selector, pod.Metadata.Labels) {
+			continue
+		}
+		for _, c := range pod.Spec.Containers {
+			if !strings.Contains(c.Image, "csi-snapshot-metadata") || !servesPort(c, target) {
+				continue
+			}
+			sock := socketPath(must1(argValue(c.Args, "--csi-address")))
+			m, _, _ := mountFor(c, sock)
+			server := snapshotMetadataServer(pod.Spec.Containers, m.Name, sock)
+			reached = append(reached, fmt.Sprintf("%s %s: sidecar %s in front of %s", w.Kind, w.Metadata.Name, c.Name, server))
+			if !strings.HasPrefix(server, "rbd-snapshot-metadata") {
+				t.Errorf("SnapshotMetadataService %s reaches %s %s's sidecar in front of %q, not our server", r.driver, w.Kind, w.Metadata.Name, server)
+			}
+			// caCert verifies the sidecar's certificate for the CR's host.
+			cert, _ := argValue(c.Args, "--tls-cert")
+			cm, rel, _ := mountFor(c, cert)
+			var sec opVolume
+			for _, v := range pod.Spec.Volumes {
+				if v.Name == cm.Name {
+					sec = v
+				}
+			}
+			if sec.Secret == nil {
+				t.Errorf("our sidecar's certificate is not from a Secret")
+				continue
+			}
+			if err := verifyCert(sms.Spec.CACert, secrets[sec.Secret.SecretName][rel], svcNS[0]+"."+svcNS[1]); err != nil {
+				t.Errorf("SnapshotMetadataService %s: caCert does not verify the sidecar's certificate (Secret %s) for %s: %v",
+					r.driver, sec.Secret.SecretName, host, err)
+			}
+		}
+	}
+	if len(reached) == 0 {
+		t.Errorf("SnapshotMetadataService %s (%s) reaches no snapshot-metadata sidecar", r.driver, sms.Spec.Address)
+	}
+	fmt.Fprintf(&report, "  SnapshotMetadataService %s → %s → %s\n", r.driver, sms.Spec.Address, strings.Join(reached, "; "))
+
+	// The cluster config our server reads holds the operator's monitors.
+	for _, w := range list.Items {
+		for _, c := range w.Spec.Template.Spec.Containers {
+			cfg, ok := argValue(c.Args, "--clusterconfig")
+			if !ok || !strings.HasPrefix(c.Name, "rbd-snapshot-metadata") {
+				continue
+			}
+			m, rel, ok := mountFor(c, cfg)
+			var v opVolume
+			for _, x := range w.Spec.Template.Spec.Volumes {
+				if x.Name == m.Name {
+					v = x
+				}
+			}
+			if !ok || v.ConfigMap == nil {
+				t.Errorf("%s: --clusterconfig=%s is not in a ConfigMap volume", w.Metadata.Name, cfg)
+				continue
+			}
+			key := rel
+			for _, it := range v.ConfigMap.Items {
+				if it.Path == rel {
+					key = it.Key
+				}
+			}
+			var entries []struct {
+				ClusterID string   `json:"clusterID"`
+				Monitors  []string `json:"monitors"`
+			}
+			raw := cms[v.ConfigMap.Name][key]
+			if err := json.Unmarshal([]byte(raw), &entries); err != nil {
+				t.Errorf("ConfigMap %s key %s: %v: %q", v.ConfigMap.Name, key, err, raw)
+			}
+			i := slices.IndexFunc(entries, func(e struct {
+				ClusterID string   `json:"clusterID"`
+				Monitors  []string `json:"monitors"`
+			}) bool {
+				return e.ClusterID == r.clusterID
+			})
+			if i < 0 || !sameSet(entries[i].Monitors, r.monitors) {
+				t.Errorf("our server reads ConfigMap %s key %s: %s; want clusterID %s with the CephConnection's monitors %v",
+					v.ConfigMap.Name, key, raw, r.clusterID, r.monitors)
+			} else {
+				fmt.Fprintf(&report, "  our server reads ConfigMap %s key %s: clusterID %s, monitors %v\n", v.ConfigMap.Name, key, r.clusterID, entries[i].Monitors)
+			}
+		}
+	}
+	return report.String()
+}
+
+func must1(s string, _ bool) string { return s }
+
+func ptrTrue(b *bool) bool { return b != nil && *b }
+
+func volumeSource(v opVolume) string {
+	switch {
+	case v.Secret != nil:
+		return "Secret " + v.Secret.SecretName
+	case v.ConfigMap != nil:
+		return "ConfigMap " + v.ConfigMap.Name
+	case v.Projected != nil:
+		return "projected"
+	}
+	return "emptyDir/hostPath"
+}
+
+func selects(sel, labels map[string]string) bool {
+	for k, v := range sel {
+		if labels[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+func servesPort(c opContainer, target any) bool {
+	for _, p := range c.Ports {
+		switch tp := target.(type) {
+		case float64:
+			if p.ContainerPort == int(tp) {
+				return true
+			}
+		case string:
+			if p.Name == tp {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func sameSet(a, b []string) bool {
+	a, b = slices.Clone(a), slices.Clone(b)
+	slices.Sort(a)
+	slices.Sort(b)
+	return slices.Equal(a, b)
+}
+
+// cephCSIFirstSnapshotMetadata is the first Ceph-CSI release whose RBD
+// controller serves SnapshotMetadata (ceph-csi PR #5347, merged 2025-05-30,
+// after v3.14): the release ceph-csi-operator v1.0.4 and Rook v1.20.6 pin,
+// v3.17.0, is later.
+const cephCSIFirstSnapshotMetadata = "v3.15.0"
+
+// snapshotMetadataServer names the container of the pod that serves
+// SnapshotMetadata on sock in volume vol: ours (--endpoint), or Ceph-CSI's
+// RBD controller (--endpoint, --type=rbd, --controllerserver=true) from a
+// release that has it. "" if none.
+func snapshotMetadataServer(cs []opContainer, vol, sock string) string {
+	for _, c := range cs {
+		ep, ok := argValue(c.Args, "--endpoint")
+		if !ok || socketPath(ep) != sock {
+			continue
+		}
+		m, _, ok := mountFor(c, sock)
+		if !ok || m.Name != vol {
+			continue
+		}
+		if strings.Contains(c.Image, "rbd-snapshot-metadata") {
+			return "rbd-snapshot-metadata (ours, container " + c.Name + ")"
+		}
+		typ, _ := argValue(c.Args, "--type")
+		cs, _ := argValue(c.Args, "--controllerserver")
+		if i := strings.LastIndex(c.Image, ":"); i > 0 && strings.Contains(c.Image, "cephcsi/cephcsi") && typ == "rbd" && cs == "true" {
+			if v := c.Image[i+1:]; semverAtLeast(v, cephCSIFirstSnapshotMetadata) {
+				return "Ceph-CSI " + v + "'s own SnapshotMetadata (container " + c.Name + ")"
+			}
+		}
+	}
+	return ""
+}
+
+func semverAtLeast(v, min string) bool {
+	parse := func(s string) []int {
+		var out []int
+		for _, p := range strings.SplitN(strings.TrimPrefix(strings.SplitN(s, "-", 2)[0], "v"), ".", 3) {
+			n, err := strconv.Atoi(p)
+			if err != nil {
+				return nil
+			}
+			out = append(out, n)
+		}
+		return out
+	}
+	a, b := parse(v), parse(min)
+	if len(a) != 3 || len(b) != 3 {
+		return false
+	}
+	return slices.Compare(a, b) >= 0
+}
+
+// verifyCert: the base64 CA bundle (the CR's caCert) verifies the base64
+// PEM certificate (a Secret's tls.crt) for host.
+func verifyCert(caB64, certB64, host string) error {
+	ca, err := base64.StdEncoding.DecodeString(caB64)
+	if err != nil {
+		return fmt.Errorf("caCert: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(ca) {
+		return fmt.Errorf("caCert holds no PEM certificate")
+	}
+	crt, err := base64.StdEncoding.DecodeString(certB64)
+	if err != nil {
+		return fmt.Errorf("tls.crt: %w", err)
+	}
+	blk, _ := pem.Decode(crt)
+	if blk == nil {
+		return fmt.Errorf("tls.crt is not PEM")
+	}
+	c, err := x509.ParseCertificate(blk.Bytes)
+	if err != nil {
+		return err
+	}
+	_, err = c.Verify(x509.VerifyOptions{Roots: pool, DNSName: host})
+	return err
+}
