@@ -26,6 +26,18 @@ import (
 // read a few volumes at a time.
 const defaultMaxStreams = 32
 
+// defaultResumeBudget is --resume-budget's default. The sidecar ends every
+// stream after its --max-streaming-duration-min (10 min by default), and
+// a large volume's stream takes minutes of that by itself. Two minutes of
+// resuming, after the op timeout that detects the fault (30 s), cover an
+// OSD restart (back within seconds), and on a cluster with replicas an
+// OSD that stays down: the monitors mark it down after the heartbeat grace
+// (20 s) and its PGs peer on the other replicas within seconds more; a
+// monitor election takes seconds. Longer outages (a whole cluster down)
+// end the stream with UNAVAILABLE while the sidecar's cap still leaves a
+// retry possible.
+const defaultResumeBudget = 2 * time.Minute
+
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
 
@@ -49,6 +61,7 @@ func run(args []string) int {
 		grace       = fs.Duration("grace-period", 30*time.Second, "on SIGTERM, how long running streams may finish")
 		maxStreams  = fs.Int("max-streams", defaultMaxStreams, "how many GetMetadataAllocated/GetMetadataDelta streams are served at once; more are refused with ABORTED (0: no limit)")
 		stall       = fs.Duration("stall-timeout", 5*time.Minute, "a stream whose client takes no page for this long ends with DEADLINE_EXCEEDED, releasing its image and thread (0: never)")
+		resume      = fs.Duration("resume-budget", defaultResumeBudget, "how long in all a stream may spend re-opening its diff after errors that go away by themselves (an OSD or monitor that did not answer in time, a reset connection), backing off, before it ends with UNAVAILABLE; the stream then goes on from where it stopped (0: such errors end the stream at once)")
 		metricsAddr = fs.String("metrics-address", "", "host:port to serve Prometheus /metrics on (empty: off)")
 		showVersion = fs.Bool("version", false, "print the version and exit")
 	)
@@ -108,6 +121,7 @@ func run(args []string) int {
 		Ready:             func() error { return checkConfig(*configPath) },
 		Observer:          m,
 		StallTimeout:      *stall,
+		ResumeBudget:      *resume,
 	})
 	if err != nil {
 		logger.Error(err, "Invalid configuration")
@@ -115,7 +129,7 @@ func run(args []string) int {
 	}
 	logger.Info("Starting", "version", version, "driver", *driverName, "clusterConfig", *configPath,
 		"blockMetadataType", *blockType, "fixedBlockSize", *blockSize, "precision", *precision,
-		"trustObjectMap", *trustOM, "preciseWalk", *walk, "maxStreams", *maxStreams, "stallTimeout", *stall)
+		"trustObjectMap", *trustOM, "preciseWalk", *walk, "maxStreams", *maxStreams, "stallTimeout", *stall, "resumeBudget", *resume)
 
 	ctx, stop := signal.NotifyContext(klog.NewContext(context.Background(), logger), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
