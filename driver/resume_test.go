@@ -29,7 +29,17 @@ import (
 type faults struct {
 	mu    sync.Mutex
 	calls int
+	hit   int
 	at    map[int]bool
+}
+
+func (f *faults) reset(at []int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls, f.hit, f.at = 0, 0, map[int]bool{}
+	for _, i := range at {
+		f.at[i] = true
+	}
 }
 
 func (f *faults) before(context.Context, int) error {
@@ -37,6 +47,7 @@ func (f *faults) before(context.Context, int) error {
 	defer f.mu.Unlock()
 	f.calls++
 	if f.at[f.calls] {
+		f.hit++
 		return fmt.Errorf("read object: %w", drivertest.TemporaryError{Why: "timeout"})
 	}
 	return nil
@@ -75,49 +86,58 @@ type seamCase struct {
 	start   int64
 	max     int32
 	extents []driver.Extent
-	faults  []int
 }
 
-// run streams c twice, once without and once with its faults, and checks
-// that the client sees the same pages, and that every fault was resumed.
-func (c seamCase) run(t *testing.T) {
+// seamServer serves one seamCase's volume, with faults set per stream.
+type seamServer struct {
+	c    seamCase
+	src  *drivertest.Source
+	f    *faults
+	rec  *resumeRecorder
+	conn *grpc.ClientConn
+	want result // the stream without faults
+}
+
+func (c seamCase) serve(t *testing.T) *seamServer {
 	t.Helper()
 	const capacity = 64 * 1024
-	vol := func() *drivertest.Source {
-		src := drivertest.NewSource()
-		v := &drivertest.Volume{Capacity: capacity, ObjectSize: c.obj, Allocated: map[string][]driver.Extent{"a": nil, "b": c.extents}}
-		v.Delta = map[string][]driver.Extent{"a>b": c.extents}
-		src.Add(v)
-		return src
-	}
-	stream := func(src *drivertest.Source, obs driver.Observer) (result, error) {
-		conn := serve(t, resumeDriver(t, src, c.typ, c.block, time.Minute, obs))
-		if c.delta {
-			return delta(t, conn, &csi.GetMetadataDeltaRequest{BaseSnapshotId: "a", TargetSnapshotId: "b", StartingOffset: c.start, MaxResults: c.max})
-		}
-		return allocated(t, conn, &csi.GetMetadataAllocatedRequest{SnapshotId: "b", StartingOffset: c.start, MaxResults: c.max})
-	}
-	want, err := stream(vol(), nil)
-	if err != nil {
+	s := &seamServer{c: c, src: drivertest.NewSource(), f: &faults{}, rec: &resumeRecorder{}}
+	s.src.Add(&drivertest.Volume{Capacity: capacity, ObjectSize: c.obj,
+		Allocated: map[string][]driver.Extent{"a": nil, "b": c.extents}, Delta: map[string][]driver.Extent{"a>b": c.extents}})
+	s.src.BeforeExtent = s.f.before
+	s.conn = serve(t, resumeDriver(t, s.src, c.typ, c.block, time.Minute, s.rec))
+	var err error
+	if s.want, err = s.stream(t); err != nil {
 		t.Fatal(err)
 	}
-	src := vol()
-	f := &faults{at: map[int]bool{}}
-	for _, i := range c.faults {
-		f.at[i] = true
+	return s
+}
+
+func (s *seamServer) stream(t *testing.T) (result, error) {
+	c := s.c
+	if c.delta {
+		return delta(t, s.conn, &csi.GetMetadataDeltaRequest{BaseSnapshotId: "a", TargetSnapshotId: "b", StartingOffset: c.start, MaxResults: c.max})
 	}
-	src.BeforeExtent = f.before
-	rec := &resumeRecorder{}
-	got, err := stream(src, rec)
+	return allocated(t, s.conn, &csi.GetMetadataAllocatedRequest{SnapshotId: "b", StartingOffset: c.start, MaxResults: c.max})
+}
+
+// run streams with faults at the given extents (counted across the
+// diffs of the stream) and checks that the client sees the pages of the
+// stream without faults, and that every fault was resumed.
+func (s *seamServer) run(t *testing.T, at []int) {
+	t.Helper()
+	s.f.reset(at)
+	opened, resumed := s.src.Opened(), s.rec.count()
+	got, err := s.stream(t)
 	if err != nil {
-		t.Fatalf("%+v: %v", c, err)
+		t.Fatalf("%+v, faults %v: %v", s.c, at, err)
 	}
-	if d := cmp.Diff(pagesOf(want), pagesOf(got)); d != "" {
-		t.Fatalf("%+v: pages differ from an uninterrupted stream's, -want +got:\n%s", c, d)
+	if d := cmp.Diff(pagesOf(s.want), pagesOf(got)); d != "" {
+		t.Fatalf("%+v, faults %v: pages differ from an uninterrupted stream's, -want +got:\n%s", s.c, at, d)
 	}
-	waitClosed(t, src)
-	if n := rec.count(); src.Opened() != 1+n {
-		t.Fatalf("%+v: %d opens for %d resumes", c, src.Opened(), n)
+	waitClosed(t, s.src)
+	if o, n := s.src.Opened()-opened, s.rec.count()-resumed; o != 1+n || n != s.f.hit {
+		t.Fatalf("%+v, faults %v: %d opens for %d resumes of %d faults", s.c, at, o, n, s.f.hit)
 	}
 }
 
@@ -167,9 +187,10 @@ func TestResumeSeams(t *testing.T) {
 		for _, obj := range []int64{0, 4096} {
 			for _, start := range []int64{0, 160, 4200} {
 				for _, max := range []int32{0, 1, 2, 3} {
+					s := seamCase{typ: typ.typ, block: typ.block, obj: obj, delta: max%2 == 1, start: start, max: max,
+						extents: seamExtents}.serve(t)
 					for _, fs := range faultSets {
-						seamCase{typ: typ.typ, block: typ.block, obj: obj, delta: max%2 == 1, start: start, max: max,
-							extents: seamExtents, faults: fs}.run(t)
+						s.run(t, fs)
 					}
 				}
 			}
@@ -203,11 +224,11 @@ func FuzzResumeSeam(f *testing.F) {
 			}
 		}
 		c := seamCase{typ: csi.BlockMetadataType_VARIABLE_LENGTH, obj: []int64{0, 4096, 1000}[mode%3], delta: mode%2 == 1,
-			start: int64(start) % 65536, max: int32(max % 9), extents: ext, faults: fs}
+			start: int64(start) % 65536, max: int32(max % 9), extents: ext}
 		if mode&4 != 0 {
 			c.typ, c.block = csi.BlockMetadataType_FIXED_LENGTH, int64(512+int(mode)*100)
 		}
-		c.run(t)
+		c.serve(t).run(t, fs)
 	})
 }
 

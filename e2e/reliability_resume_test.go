@@ -56,7 +56,7 @@ func TestReliabilityResume(t *testing.T) {
 		t.Skip("the server binary has no --precision=precise")
 	}
 	v, _ := manyWrites(t, 16384)
-	base := []string{"--ceph-op-timeout=" + relOpTimeout.String(), "--fixed-block-size=4096"}
+	base := []string{"--ceph-op-timeout=" + relOpTimeout.String(), "--fixed-block-size", "4096"}
 	var streams []*resumeStream
 	metrics := map[*rsmServer]string{}
 	add := func(name string, srv *rsmServer, giveUp bool) {
@@ -69,7 +69,7 @@ func TestReliabilityResume(t *testing.T) {
 	for _, mode := range []string{"exact", "precise"} {
 		for _, typ := range []string{"VARIABLE_LENGTH", "FIXED_LENGTH"} {
 			addr := freeTCPAddr(t)
-			srv := startServer(t, append(base, "--precision="+mode, "--block-metadata-type="+typ, "--metrics-address="+addr)...)
+			srv := startServer(t, append(base, "--precision="+mode, "--block-metadata-type", typ, "--metrics-address="+addr)...)
 			metrics[srv] = addr
 			add(mode+"/"+typ, srv, false)
 		}
