@@ -60,7 +60,11 @@ func TestReliabilityResume(t *testing.T) {
 	var streams []*resumeStream
 	metrics := map[*rsmServer]string{}
 	add := func(name string, srv *rsmServer, giveUp bool) {
-		for _, q := range []metaReq{{target: v.id("s2"), max: 3}, {base: v.id("s1"), target: v.id("s2"), max: 1}} {
+		qs := []metaReq{{target: v.id("s2"), max: 2}, {base: v.id("s1"), target: v.id("s2"), max: 1}}
+		if giveUp {
+			qs = qs[1:]
+		}
+		for _, q := range qs {
 			want := srv.get(t, q).tuples()
 			q.secrets = csiSecrets(t)
 			streams = append(streams, &resumeStream{name: name + "/" + q.String(), srv: srv, q: q, want: want, giveUp: giveUp})
@@ -138,6 +142,9 @@ func TestReliabilityResume(t *testing.T) {
 			continue
 		}
 		t.Logf("%s: %d tuples, %v, ended %v after the fault (%v after the OSD came back)", s.name, len(s.got), s.err, took, s.ended.Sub(back).Round(time.Millisecond))
+		if s.ended.Before(back) {
+			t.Logf("%s: ended before the OSD came back: its diff had no Ceph work left; it proves nothing", s.name)
+		}
 		if !errors.Is(s.err, io.EOF) {
 			t.Errorf("%s: %v after %d of %d tuples; want OK", s.name, s.err, len(s.got), len(s.want))
 		}
