@@ -9,11 +9,18 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -200,5 +207,109 @@ func checkResumedServers(t *testing.T, streams []*resumeStream, metrics map[*rsm
 		if n != float64(resumed) {
 			t.Errorf("%s: %v resumes in the metrics, %d logged", s.name, n, resumed)
 		}
+	}
+}
+
+// TestReliabilityMonitorLeader runs a stream on a cluster of three
+// monitors (cluster.sh's RSM_CEPH_MONS=3) and SIGKILLs the quorum's
+// leader in the middle of it: the stream must end OK with the tuples of an
+// uninterrupted one, and a new request, which needs a monitor session, is
+// then served by the two that are left.
+func TestReliabilityMonitorLeader(t *testing.T) {
+	free := func(p int) bool {
+		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+		if err != nil {
+			return false
+		}
+		l.Close()
+		return true
+	}
+	var c *extraCluster
+	for b := 18000; b < 18500 && c == nil; b += 100 {
+		if free(b) && free(b+1) && free(b+2) && free(b+3) && free(b+4) && free(b+5) && free(b+10) {
+			c = startExtraCluster(t, "127.0.0.1", b, b, b+1, "RSM_CEPH_MONS=3")
+		}
+	}
+	if c == nil {
+		t.Fatal("no free port block on 127.0.0.1 among 18000..18400")
+	}
+	conn := connectTo(t, c.env["CEPH_MON_HOST"], c.env["CEPH_USER"], c.env["CEPH_KEY"])
+	// 4096 writes of 512 bytes, 16 KiB apart: a Delta of 4096 tuples, in
+	// pages of one tuple more than a 64 KiB window holds.
+	v, img := createVolume(t, conn, "", "monlead", 64*mib, imageFeatures)
+	snapshot(t, img, "s1")
+	for i := uint64(0); i < 4096; i++ {
+		fillAt(t, img, i*16<<10, 512)
+	}
+	snapshot(t, img, "s2")
+	srv := startServer(t, "--clusterconfig", filepath.Join(c.dir, "csi-config.json"), "--ceph-op-timeout="+relOpTimeout.String())
+	secrets := map[string]string{"userID": c.env["CEPH_CSI_USER"], "userKey": c.env["CEPH_CSI_KEY"]}
+	q := metaReq{base: v.id("s1"), target: v.id("s2"), max: 1, secrets: secrets}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	want := srv.call(ctx, q)
+	if want.err != nil || len(want.tuples()) != 4096 {
+		t.Fatalf("before the fault: %d tuples, %v", len(want.tuples()), want.err)
+	}
+
+	cc, err := grpc.NewClient("unix://"+srv.sock, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithInitialWindowSize(1<<16), grpc.WithInitialConnWindowSize(1<<16))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	recv, err := (&rsmServer{sm: csi.NewSnapshotMetadataClient(cc)}).open(ctx, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := recv()
+	if err != nil {
+		t.Fatalf("first page: %v", err)
+	}
+	got := toPage(resp).tuples
+	time.Sleep(500 * time.Millisecond)
+	out, err := exec.CommandContext(ctx, "ceph", "--conf", c.env["CEPH_CONF"], "--connect-timeout", "20", "quorum_status").Output()
+	if err != nil {
+		t.Fatalf("ceph quorum_status: %v", err)
+	}
+	var qs struct {
+		Leader string `json:"quorum_leader_name"`
+	}
+	if err := json.Unmarshal(out, &qs); err != nil || qs.Leader == "" {
+		t.Fatalf("quorum_status: %v\n%s", err, out)
+	}
+	b, err := os.ReadFile(filepath.Join(c.dir, "run", "ceph-mon."+qs.Leader+".pid"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatalf("SIGKILL mon.%s (pid %d): %v", qs.Leader, pid, err)
+	}
+	t0 := time.Now()
+	t.Logf("SIGKILL the leader, mon.%s (pid %d), after %d tuples", qs.Leader, pid, len(got))
+	for {
+		resp, err = recv()
+		if err != nil {
+			break
+		}
+		got = append(got, toPage(resp).tuples...)
+	}
+	t.Logf("the stream ended %v after the kill: %d tuples, %v", time.Since(t0).Round(time.Millisecond), len(got), err)
+	if !errors.Is(err, io.EOF) {
+		t.Errorf("the stream ended with %v, want OK", err)
+	}
+	if d := diffSpans(want.tuples(), got); d != "" {
+		t.Errorf("the stream differs from an uninterrupted one: %s", d)
+	}
+	// A new connection (another user) needs a monitor session now.
+	t1 := time.Now()
+	admin := q
+	admin.secrets = map[string]string{"userID": c.env["CEPH_USER"], "userKey": c.env["CEPH_KEY"]}
+	m := srv.call(ctx, admin)
+	t.Logf("a request on a new connection after the kill: %d tuples, %v, in %v; %d resumes logged",
+		len(m.tuples()), m.err, time.Since(t1).Round(time.Millisecond), strings.Count(srv.log(), `"Resumed stream"`))
+	if m.err != nil || diffSpans(want.tuples(), m.tuples()) != "" {
+		t.Errorf("after the leader's kill: %v", m.err)
 	}
 }
