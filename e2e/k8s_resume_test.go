@@ -44,9 +44,7 @@ func TestK8sSidecarResume(t *testing.T) {
 		v, _ := metricValue(scrape(t, addr), `rbd_snapshot_metadata_streams_in_flight{method="GetMetadataDelta"}`)
 		return v > 0
 	})
-	resume := pauseDaemon(t, "osd.0")
-	time.Sleep(relOutage)
-	resume()
+	osdOutage(t, pauseDaemon(t, "osd.0"))
 	back := time.Now()
 	var l listed
 	select {

@@ -38,6 +38,25 @@ const (
 	relShortBudget = 5 * time.Second
 )
 
+// osdOutage lets the stopped OSD stay stopped for relOutage, then
+// continues it (resume). On a real cluster the OSD's peers report an OSD
+// that stops answering, and the monitors mark it down after
+// osd_heartbeat_grace (20 s); with the harness's single OSD nobody does, and
+// after a stop longer than the read lease (16 s) its PGs can stay laggy
+// ("waiting for readable") for minutes after it continues: every read of
+// the PG that holds rbd_info, which every image open reads, then times out
+// while the other PGs serve (the symptom of issue 23 on main). So the test
+// marks it down as its peers would have, 5 s before it continues.
+func osdOutage(t *testing.T, resume func()) {
+	time.Sleep(relOutage - 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	out, err := exec.CommandContext(ctx, "ceph", "--connect-timeout", "20", "osd", "down", "0").CombinedOutput()
+	cancel()
+	t.Logf("ceph osd down 0, as its peers would have: %v %s", err, strings.TrimSpace(string(out)))
+	time.Sleep(5 * time.Second)
+	resume()
+}
+
 // resumeStream is one stream of TestReliabilityResume.
 type resumeStream struct {
 	name   string
@@ -127,8 +146,7 @@ func TestReliabilityResume(t *testing.T) {
 			}
 		}()
 	}
-	time.Sleep(relOutage)
-	resume()
+	osdOutage(t, resume)
 	back := time.Now()
 	wg.Wait()
 	t.Logf("OSD stopped for %v; all streams ended %v after it came back", back.Sub(t0).Round(time.Millisecond), time.Since(back).Round(time.Millisecond))
