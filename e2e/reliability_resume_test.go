@@ -106,6 +106,9 @@ func TestReliabilityResume(t *testing.T) {
 	}
 	short := startServer(t, append(base, "--precision=exact", "--resume-budget="+relShortBudget.String())...)
 	add("budget", short, true)
+	// A stream cancelled while its server backs off or re-opens.
+	cancelled := startServer(t, append(base, "--precision=exact")...)
+	cq := metaReq{base: v.id("s1"), target: v.id("s2"), max: 1, secrets: csiSecrets(t)}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute) // a hang guard
 	defer cancel()
@@ -128,10 +131,39 @@ func TestReliabilityResume(t *testing.T) {
 		}
 		s.got = toPage(resp).tuples
 	}
+	cctx, ccancel := context.WithCancel(ctx)
+	defer ccancel()
+	cc, err := grpc.NewClient("unix://"+cancelled.sock, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithInitialWindowSize(1<<16), grpc.WithInitialConnWindowSize(1<<16))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	copened := time.Now()
+	crecv, err := (&rsmServer{sm: csi.NewSnapshotMetadataClient(cc)}).open(cctx, cq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := crecv(); err != nil {
+		t.Fatalf("the stream to cancel: first page: %v", err)
+	}
 	time.Sleep(500 * time.Millisecond)
 	resume := pauseDaemon(t, "osd.0")
 	t0 := time.Now()
 	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			if _, err := crecv(); err != nil {
+				return
+			}
+		}
+	}()
+	// After the op timeout the diff failed; 3 s later the server backs
+	// off or re-opens.
+	time.AfterFunc(relOpTimeout+3*time.Second, ccancel)
+	tc := t0.Add(relOpTimeout + 3*time.Second)
 	for _, s := range streams {
 		wg.Add(1)
 		go func() {
@@ -178,7 +210,33 @@ func TestReliabilityResume(t *testing.T) {
 		}
 	}
 	waitClusterIO(t)
+	checkCancelled(t, cancelled, copened, tc)
 	checkResumedServers(t, streams, metrics)
+}
+
+// checkCancelled checks, from its server's summary line, that the stream
+// cancelled at tc during an outage ended CANCELLED at once: during a
+// backoff, or after the re-open in flight in librbd, within the op
+// timeout.
+func checkCancelled(t *testing.T, srv *rsmServer, opened, tc time.Time) {
+	for _, l := range strings.Split(srv.log(), "\n") {
+		if !strings.Contains(l, `"Stream finished"`) || !strings.Contains(l, `code="Canceled"`) {
+			continue
+		}
+		_, after, _ := strings.Cut(l, ` duration="`)
+		ds, _, _ := strings.Cut(after, `"`)
+		d, err := time.ParseDuration(ds)
+		if err != nil {
+			t.Fatalf("no duration in %q", l)
+		}
+		lag := opened.Add(d).Sub(tc)
+		t.Logf("cancelled during the outage: the server ended the stream CANCELLED about %v after the cancel", lag.Round(time.Millisecond))
+		if lag > relOpTimeout+2*time.Second {
+			t.Errorf("the cancelled stream ended %v after the cancel, want within the op timeout of %v", lag, relOpTimeout)
+		}
+		return
+	}
+	t.Errorf("no stream ended CANCELLED:\n%s", tail(srv.log(), 10))
 }
 
 // checkResumedServers checks, after the outage, that each server answers at
