@@ -85,6 +85,11 @@ func (r *streamRun) iterate(ctx context.Context) error {
 	from := r.start
 	for {
 		cause := r.diff.Iterate(ctx, from, r.add)
+		if cause != nil && r.addErr == nil && ctx.Err() != nil {
+			// Cancelled while librbd waited for the cluster: the
+			// stream ends for the cancel, not for the cluster.
+			return ctx.Err()
+		}
 		if cause == nil || r.final(ctx, cause) {
 			return cause
 		}

@@ -405,3 +405,66 @@ func TestResumeReportsReasons(t *testing.T) {
 		t.Fatalf("reasons -want +got:\n%s", d)
 	}
 }
+
+// TestResumeCancelledDuringFailingIterate: a cancel that comes while the
+// diff waits for the cluster ends the stream CANCELLED, even when the diff
+// then returns the cluster's error rather than the context's.
+func TestResumeCancelledDuringFailingIterate(t *testing.T) {
+	src, _ := bigVolume(1000)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	src.BeforeExtent = func(_ context.Context, i int) error {
+		if i == 500 {
+			cancel()
+			time.Sleep(50 * time.Millisecond) // the cancel reaches the server
+			return drivertest.TemporaryError{Why: "timeout"}
+		}
+		return nil
+	}
+	rec := &endRecorder{done: make(chan struct{})}
+	d, err := driver.New(src, driver.Options{Name: "x", BlockMetadataType: csi.BlockMetadataType_VARIABLE_LENGTH,
+		ResumeBudget: time.Minute, Observer: rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &codeRecorder{}
+	conn := serve(t, d, grpc.StreamInterceptor(srv.intercept))
+	s, err := csi.NewSnapshotMetadataClient(conn).GetMetadataAllocated(ctx, &csi.GetMetadataAllocatedRequest{SnapshotId: "big", MaxResults: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = recvAll(s.Recv)
+	<-rec.done
+	waitClosed(t, src)
+	if c := srv.code(); c != codes.Canceled || src.OpenCalls() != 1 {
+		t.Fatalf("the handler ended with %v after %d opens; want Canceled, no re-open", c, src.OpenCalls())
+	}
+}
+
+// codeRecorder keeps the code of the last handler that returned.
+type codeRecorder struct {
+	mu   sync.Mutex
+	last codes.Code
+	set  bool
+}
+
+func (r *codeRecorder) intercept(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	err := h(srv, ss)
+	r.mu.Lock()
+	r.last, r.set = status.Code(err), true
+	r.mu.Unlock()
+	return err
+}
+
+func (r *codeRecorder) code() codes.Code {
+	for range 500 {
+		r.mu.Lock()
+		c, ok := r.last, r.set
+		r.mu.Unlock()
+		if ok {
+			return c
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return codes.Unknown
+}

@@ -160,10 +160,11 @@ func TestReliabilityResume(t *testing.T) {
 			}
 		}
 	}()
-	// After the op timeout the diff failed; 3 s later the server backs
-	// off or re-opens.
-	time.AfterFunc(relOpTimeout+3*time.Second, ccancel)
-	tc := t0.Add(relOpTimeout + 3*time.Second)
+	// The exact diff fails about two op timeouts after the fault; 4 s
+	// later the server backs off or re-opens.
+	const cancelAt = 2*relOpTimeout + 4*time.Second
+	time.AfterFunc(cancelAt, ccancel)
+	tc := t0.Add(cancelAt)
 	for _, s := range streams {
 		wg.Add(1)
 		go func() {
@@ -387,5 +388,81 @@ func TestReliabilityMonitorLeader(t *testing.T) {
 		len(m.tuples()), m.err, time.Since(t1).Round(time.Millisecond), strings.Count(srv.log(), `"Resumed stream"`))
 	if m.err != nil || diffSpans(want.tuples(), m.tuples()) != "" {
 		t.Errorf("after the leader's kill: %v", m.err)
+	}
+}
+
+// TestReliabilityResumeOSDKilled SIGKILLs the OSD in the middle of an
+// exact and a precise Delta and starts it again relOutage later (as
+// cluster.sh starts it): both streams end OK with the tuples of an
+// uninterrupted stream.
+func TestReliabilityResumeOSDKilled(t *testing.T) {
+	if !serverHasPrecision(t, "precise") {
+		t.Skip("the server binary has no --precision=precise")
+	}
+	v, _ := manyWrites(t, 16384)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute) // a hang guard
+	defer cancel()
+	var streams []*resumeStream
+	for _, mode := range []string{"exact", "precise"} {
+		srv := startServer(t, "--ceph-op-timeout="+relOpTimeout.String(), "--precision="+mode)
+		q := metaReq{base: v.id("s1"), target: v.id("s2"), max: 1}
+		s := &resumeStream{name: mode + "/" + q.String(), srv: srv, want: srv.get(t, q).tuples()}
+		q.secrets = csiSecrets(t)
+		s.q = q
+		cc, err := grpc.NewClient("unix://"+srv.sock, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithInitialWindowSize(1<<16), grpc.WithInitialConnWindowSize(1<<16))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cc.Close()
+		if s.recv, err = (&rsmServer{sm: csi.NewSnapshotMetadataClient(cc)}).open(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := s.recv()
+		if err != nil {
+			t.Fatalf("%s: first page: %v", s.name, err)
+		}
+		s.got = toPage(resp).tuples
+		streams = append(streams, s)
+	}
+	time.Sleep(500 * time.Millisecond)
+	restart := killOSD(t)
+	t0 := time.Now()
+	var wg sync.WaitGroup
+	for _, s := range streams {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				resp, err := s.recv()
+				if err != nil {
+					s.err, s.ended = err, time.Now()
+					return
+				}
+				s.got = append(s.got, toPage(resp).tuples...)
+			}
+		}()
+	}
+	time.Sleep(relOutage)
+	restart()
+	back := time.Now()
+	wg.Wait()
+	t.Logf("OSD killed, started again %v later and serving %v after that", relOutage, back.Sub(t0.Add(relOutage)).Round(time.Millisecond))
+	for _, s := range streams {
+		t.Logf("%s: %d tuples, %v, ended %v after the kill (%v after the OSD served again); %d resumes logged",
+			s.name, len(s.got), s.err, s.ended.Sub(t0).Round(time.Millisecond), s.ended.Sub(back).Round(time.Millisecond),
+			strings.Count(s.srv.log(), `"Resumed stream"`))
+		if !errors.Is(s.err, io.EOF) {
+			t.Errorf("%s: %v after %d of %d tuples; want OK", s.name, s.err, len(s.got), len(s.want))
+		}
+		if d := diffSpans(s.want, s.got); d != "" {
+			t.Errorf("%s: the resumed stream differs from an uninterrupted one: %s", s.name, d)
+		}
+		t1 := time.Now()
+		m := s.srv.call(ctx, s.q)
+		if m.err != nil || diffSpans(s.want, m.tuples()) != "" {
+			t.Errorf("%s after the outage: %d tuples, %v", s.name, len(m.tuples()), m.err)
+		}
+		t.Logf("%s: the server answers %v after the outage", s.name, time.Since(t1).Round(time.Millisecond))
 	}
 }
