@@ -18,7 +18,8 @@ func TestK8sSidecarResume(t *testing.T) {
 	v, _ := manyWrites(t, 16384)
 	k := startK8s(t)
 	addr := freeTCPAddr(t)
-	srv := startServer(t, "--drivername", k8sDriver, "--ceph-op-timeout="+relOpTimeout.String(), "--metrics-address="+addr)
+	// -v=5: a line per page sent, which says the stream is under way.
+	srv := startServer(t, "--drivername", k8sDriver, "--ceph-op-timeout="+relOpTimeout.String(), "--metrics-address="+addr, "-v=5")
 	sidecar := k.startSidecar(t, "csi-snapshot-metadata", srv.sock, k.ports.grpc, k.ports.health)
 	waitFor(t, "sidecar /health", time.Minute, func() bool { return healthy(k.ports.health) || !sidecar.running() })
 	if !sidecar.running() {
@@ -39,10 +40,10 @@ func TestK8sSidecarResume(t *testing.T) {
 		out, err := k.lister(t, k8sBackupSA, "-s", "big-s2", "-p", "big-s1", "-max-results", "1")
 		done <- listed{out, err}
 	}()
-	// Stop the OSD as soon as our server serves the stream.
+	// Stop the OSD as soon as our server sends the stream's pages: a
+	// stream whose first open fails is not resumed (UNAVAILABLE at once).
 	waitFor(t, "the lister's stream at our server", time.Minute, func() bool {
-		v, _ := metricValue(scrape(t, addr), `rbd_snapshot_metadata_streams_in_flight{method="GetMetadataDelta"}`)
-		return v > 0
+		return strings.Contains(srv.log(), `"Sending page"`)
 	})
 	osdOutage(t, pauseDaemon(t, "osd.0"))
 	back := time.Now()
