@@ -35,6 +35,7 @@ func TestK8sSidecarResume(t *testing.T) {
 		out string
 		err error
 	}
+	sent := strings.Count(srv.log(), `"Sending page"`) // the direct call's
 	done := make(chan listed, 1)
 	go func() {
 		out, err := k.lister(t, k8sBackupSA, "-s", "big-s2", "-p", "big-s1", "-max-results", "1")
@@ -43,7 +44,7 @@ func TestK8sSidecarResume(t *testing.T) {
 	// Stop the OSD as soon as our server sends the stream's pages: a
 	// stream whose first open fails is not resumed (UNAVAILABLE at once).
 	waitFor(t, "the lister's stream at our server", time.Minute, func() bool {
-		return strings.Contains(srv.log(), `"Sending page"`)
+		return strings.Count(srv.log(), `"Sending page"`) > sent
 	})
 	osdOutage(t, pauseDaemon(t, "osd.0"))
 	back := time.Now()
