@@ -42,7 +42,7 @@ const (
 // continues it (resume). On a real cluster the OSD's peers report an OSD
 // that stops answering, and the monitors mark it down after
 // osd_heartbeat_grace (20 s); with the harness's single OSD nobody does, and
-// after a stop longer than the read lease (16 s) its PGs can stay laggy
+// after a stop of 10 s or more its PGs can stay laggy, reads waiting
 // ("waiting for readable") for minutes after it continues: every read of
 // the PG that holds rbd_info, which every image open reads, then times out
 // while the other PGs serve (the symptom of issue 23 on main). So the test
