@@ -564,6 +564,18 @@ func check(t *testing.T, objs *objects) {
 			t.Errorf("container %s: want memory requests and limits, no CPU limit", c.Name)
 		}
 	}
+	// Go's memory limit follows the container's: the server reads its limit
+	// in bytes from the downward API (cmd's goMemoryLimit).
+	if e := findEnv(ours, "MEMORY_LIMIT_BYTES"); e == nil || e.ValueFrom == nil || e.ValueFrom.ResourceFieldRef == nil ||
+		e.ValueFrom.ResourceFieldRef.Resource != "limits.memory" || e.ValueFrom.ResourceFieldRef.ContainerName != ourContainer ||
+		!e.ValueFrom.ResourceFieldRef.Divisor.IsZero() && e.ValueFrom.ResourceFieldRef.Divisor.Value() != 1 {
+		t.Errorf("%s: want env MEMORY_LIMIT_BYTES from resourceFieldRef limits.memory of %s, in bytes", ourContainer, ourContainer)
+	}
+	for _, e := range ours.Env {
+		if e.Name == "GOMEMLIMIT" {
+			t.Errorf("%s: GOMEMLIMIT set, which overrides the limit derived from the container's", ourContainer)
+		}
+	}
 	// Metrics: a Service for our metrics port and the sidecar's.
 	if ms := find(objs.services, func(s corev1.Service) bool { return s.Name == metricsService }); ms == nil {
 		t.Errorf("no Service %s", metricsService)
@@ -752,6 +764,15 @@ func check(t *testing.T, objs *objects) {
 			t.Errorf("ClusterRole %s does not allow %s %s.%s", clientRole, need[2], need[1], need[0])
 		}
 	}
+}
+
+func findEnv(c *corev1.Container, name string) *corev1.EnvVar {
+	for i := range c.Env {
+		if c.Env[i].Name == name {
+			return &c.Env[i]
+		}
+	}
+	return nil
 }
 
 func container(pod *corev1.PodSpec, name string) *corev1.Container {

@@ -10,7 +10,9 @@
 // only when every extent has been sent; a cancelled call, a failed send or
 // a failed diff stops the diff at once and ends the stream with an error.
 // A client that takes no page for Options.StallTimeout gets
-// DEADLINE_EXCEEDED, and its diff is stopped and closed.
+// DEADLINE_EXCEEDED, and its diff is stopped and closed. A diff that fails
+// with an error that goes away by itself is re-opened and resumed inside
+// the stream, within Options.ResumeBudget (see resume.go).
 //
 // The package needs no cgo: Ceph is behind the Source interface, and the
 // tests use a fake.
@@ -20,6 +22,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/container-storage-interface/spec/lib/go/csi"
 )
 
@@ -51,6 +54,15 @@ type Options struct {
 	// StallTimeout ends a stream with DEADLINE_EXCEEDED when its client
 	// takes no page for that long, releasing the diff. 0: no limit.
 	StallTimeout time.Duration
+	// ResumeBudget is how long, in all, one stream may spend re-opening
+	// its diff after errors that go away by themselves (see Source), in
+	// backoffs and re-opens, before it ends with UNAVAILABLE. 0: such an
+	// error ends the stream at once, with UNAVAILABLE.
+	ResumeBudget time.Duration
+	// NewBackOff makes the backoff between the re-opens of one stream.
+	// Default: exponential, 1 s doubling to at most 10 s, each wait
+	// randomized by ±50%.
+	NewBackOff func() backoff.BackOff
 }
 
 // Observer receives the figures of each finished stream, for metrics.
@@ -65,6 +77,14 @@ type Observer interface {
 // Observer implements it and the Diff reports a refinement.
 type RefinementObserver interface {
 	Refined(method string, r Refinement)
+}
+
+// ResumeObserver is an Observer that also records each resume of a
+// stream: the short reason of the error that caused it, how long it took
+// from the failure to the re-opened diff (or to the stream's end), and
+// whether the stream went on.
+type ResumeObserver interface {
+	Resumed(method, reason string, took time.Duration, ok bool)
 }
 
 // The method names that Observer is given.

@@ -44,6 +44,10 @@ type pager struct {
 	// prev is where the last extent added starts, clipped: extents must
 	// come in ascending order.
 	prev int64
+	// recv is where the extents received so far end, clipped: every byte
+	// of the diff below it is in a tuple taken or pending. A resumed diff
+	// goes on from there (see resume).
+	recv int64
 
 	pages, tuples int
 	bytes         int64
@@ -60,6 +64,7 @@ func newPager(t csi.BlockMetadataType, block, start, limit int64, pageSize int, 
 		max:   pageSize,
 		send:  send,
 		end:   start,
+		recv:  start,
 	}
 }
 
@@ -79,6 +84,7 @@ func (p *pager) add(e Extent) error {
 		return fmt.Errorf("%w: extent at %d after one at %d", errExtentOrder, off, p.prev)
 	}
 	p.prev = off
+	p.recv = max(p.recv, end)
 	if p.fixed {
 		return p.addBlocks(off, end)
 	}
@@ -149,6 +155,20 @@ func (p *pager) sendPage() error {
 	p.page = nil
 	p.pages++
 	return p.send(page)
+}
+
+// resume prepares the pager for the rest of a diff that failed and is run
+// again, and returns the offset it must go on from: the end of the extents
+// received. The page not yet sent and the pending tuple stay. The extents
+// of the new run may start below it (they are clipped to it, those that
+// end below it are dropped: every byte of them was received), and must then
+// be those an uninterrupted diff would have delivered: the same tuples
+// follow, in FIXED_LENGTH without the block shared across the seam twice,
+// in VARIABLE_LENGTH merged with the pending tuple as they would have
+// been. Every invariant above holds across the seam as across a page.
+func (p *pager) resume() int64 {
+	p.start = p.recv
+	return p.recv
 }
 
 // finish sends what is left: the pending tuple and the last, short page.

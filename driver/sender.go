@@ -1,7 +1,9 @@
 package driver
 
 import (
+	"context"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -30,6 +32,12 @@ type sender struct {
 
 	stall   time.Duration // 0: wait for the client forever
 	stalled bool          // put or wait gave up; only the diff's side uses it
+
+	// queued counts the pages put and not yet sent; progress is when the
+	// client last made progress (a page sent, or a page queued while none
+	// was in flight), in UnixNano. pause watches them.
+	queued   atomic.Int64
+	progress atomic.Int64
 }
 
 func startSender(send func([]*csi.BlockMetadata) error, stall time.Duration) *sender {
@@ -55,6 +63,8 @@ func (s *sender) run(send func([]*csi.BlockMetadata) error) {
 			close(s.failed)
 			continue
 		}
+		s.progress.Store(time.Now().UnixNano())
+		s.queued.Add(-1)
 		select {
 		case s.sent <- struct{}{}:
 		default:
@@ -76,6 +86,9 @@ func safeSend(send func([]*csi.BlockMetadata) error, page []*csi.BlockMetadata) 
 // put queues a page; it blocks while two pages are in flight, for at most
 // the stall timeout without a page sent.
 func (s *sender) put(page []*csi.BlockMetadata) error {
+	if s.queued.Add(1) == 1 {
+		s.progress.Store(time.Now().UnixNano())
+	}
 	select {
 	case <-s.failed:
 		return s.err
@@ -118,6 +131,46 @@ func (s *sender) await(pages chan []*csi.BlockMetadata, page []*csi.BlockMetadat
 		case <-timeout:
 			s.stalled = true
 			return &stallError{s.stall}
+		}
+	}
+}
+
+// pause waits for d, or until ctx is done, while the diff sends nothing
+// (a resume's backoff), and watches the client as put does: it returns the
+// error of a failed send, ctx's error, or a *stallError when pages are in
+// flight and the client has taken none for the stall timeout.
+func (s *sender) pause(ctx context.Context, d time.Duration) error {
+	wake := time.NewTimer(d)
+	defer wake.Stop()
+	var t *time.Timer
+	defer func() {
+		if t != nil {
+			t.Stop()
+		}
+	}()
+	for {
+		var stall <-chan time.Time
+		if t != nil {
+			t.Stop()
+		}
+		if s.stall > 0 && s.queued.Load() > 0 {
+			left := s.stall - time.Since(time.Unix(0, s.progress.Load()))
+			if left <= 0 {
+				s.stalled = true
+				return &stallError{s.stall}
+			}
+			t = time.NewTimer(left)
+			stall = t.C
+		}
+		select {
+		case <-wake.C:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-s.failed:
+			return s.err
+		case <-s.sent:
+		case <-stall:
 		}
 	}
 }

@@ -54,78 +54,69 @@ func (d *Driver) GetMetadataDelta(req *csi.GetMetadataDeltaRequest, stream csi.S
 		})
 }
 
+// A streamRun is one RPC's stream: its diff, re-opened after temporary
+// errors (see resume.go), the pager and the sender.
+type streamRun struct {
+	d        *Driver
+	method   string
+	req      OpenRequest
+	start    int64
+	diff     Diff // nil after a failed re-open
+	capacity int64
+	p        *pager
+	snd      *sender
+	addErr   error         // the pager's error: the client's side failed
+	resumes  int           // diffs re-opened
+	resuming time.Duration // spent re-opening, in all
+	ref      Refinement    // what precise mode did in the diffs closed
+}
+
 // stream runs one diff and sends its pages; both RPCs end here. Every
 // error leaves through toStatus.
 func (d *Driver) stream(ctx context.Context, method string, req OpenRequest, start int64, maxResults int32,
 	send func(capacity int64, page []*csi.BlockMetadata) error) (err error) {
-	if maxResults < 0 {
-		return status.Errorf(codes.InvalidArgument, msgNegativeMax, maxResults)
-	}
-	if err := checkSecrets(req.Secrets); err != nil {
+	pageSize, err := checkStream(req, start, maxResults)
+	if err != nil {
 		return err
 	}
-	if start < 0 {
-		return status.Errorf(codes.OutOfRange, msgNegativeOffset, start)
-	}
-	pageSize := int(maxResults)
-	if pageSize == 0 {
-		pageSize = defaultPage
-	}
-	pageSize = min(pageSize, maxPage)
-
-	diff, err := d.src.Open(ctx, req)
-	if err != nil {
+	r := &streamRun{d: d, method: method, req: req, start: start}
+	if r.diff, err = d.src.Open(ctx, req); err != nil {
 		return toStatus(err)
 	}
 	defer func() {
-		if cerr := diff.Close(); cerr != nil && err == nil {
+		if r.diff == nil {
+			return
+		}
+		if cerr := r.diff.Close(); cerr != nil && err == nil {
 			err = toStatus(fmt.Errorf("close snapshot: %w", cerr))
 		}
 	}()
-	capacity := diff.Capacity()
-	if start > capacity {
-		return status.Errorf(codes.OutOfRange, msgOffsetBeyondSize, start, capacity)
+	r.capacity = r.diff.Capacity()
+	if start > r.capacity {
+		return status.Errorf(codes.OutOfRange, msgOffsetBeyondSize, start, r.capacity)
 	}
 
-	logger := klog.FromContext(ctx)
-	trace := logger.V(5)
-	snd := startSender(func(page []*csi.BlockMetadata) error {
+	trace := klog.FromContext(ctx).V(5)
+	r.snd = startSender(func(page []*csi.BlockMetadata) error {
 		if trace.Enabled() {
 			trace.Info("Sending page", "tuples", len(page), "first", page[0].ByteOffset)
 		}
-		return send(capacity, page)
+		return send(r.capacity, page)
 	}, d.opts.StallTimeout)
 	sent := false
 	defer func() {
 		if !sent {
-			_ = snd.wait() // on every error path: no goroutine left behind
+			_ = r.snd.wait() // on every error path: no goroutine left behind
 		}
 	}()
-	p := newPager(d.opts.BlockMetadataType, d.opts.FixedBlockSize, start, capacity, pageSize, snd.put)
+	r.p = newPager(d.opts.BlockMetadataType, d.opts.FixedBlockSize, start, r.capacity, pageSize, r.snd.put)
 	began := time.Now()
 	var diffTime time.Duration
-	defer func() {
-		kv := []any{"code", status.Code(err), "duration", time.Since(began),
-			"capacity", capacity, "startingOffset", start, "pages", p.pages, "tuples", p.tuples, "bytes", p.bytes}
-		var ref Refinement
-		if r, ok := diff.(Refiner); ok {
-			ref = r.Refinement()
-		}
-		if ref.On {
-			kv = append(kv, refinementLog(ref)...)
-		}
-		logger.V(2).Info("Stream finished", append(kv, "err", err)...)
-		if d.opts.Observer != nil {
-			d.opts.Observer.Streamed(method, p.tuples, p.bytes, diffTime)
-			if ro, ok := d.opts.Observer.(RefinementObserver); ok && ref.On {
-				ro.Refined(method, ref)
-			}
-		}
-	}()
-	if start == capacity {
+	defer func() { r.finished(ctx, err, time.Since(began), diffTime) }()
+	if start == r.capacity {
 		return nil
 	}
-	err = diff.Iterate(ctx, start, p.add)
+	err = r.iterate(ctx)
 	diffTime = time.Since(began)
 	if err != nil {
 		return toStatus(err)
@@ -133,14 +124,54 @@ func (d *Driver) stream(ctx context.Context, method string, req OpenRequest, sta
 	// A diff that returned without error has delivered every extent, but
 	// a cancel that came in just then must not end the stream with OK
 	// unless the rest was sent.
-	if err := p.finish(); err != nil {
+	if err := r.p.finish(); err != nil {
 		return toStatus(err)
 	}
 	sent = true
-	if err := snd.wait(); err != nil {
+	if err := r.snd.wait(); err != nil {
 		return toStatus(err)
 	}
 	return toStatus(ctx.Err())
+}
+
+// checkStream checks what both RPCs share and returns the page size.
+func checkStream(req OpenRequest, start int64, maxResults int32) (int, error) {
+	if maxResults < 0 {
+		return 0, status.Errorf(codes.InvalidArgument, msgNegativeMax, maxResults)
+	}
+	if err := checkSecrets(req.Secrets); err != nil {
+		return 0, err
+	}
+	if start < 0 {
+		return 0, status.Errorf(codes.OutOfRange, msgNegativeOffset, start)
+	}
+	pageSize := int(maxResults)
+	if pageSize == 0 {
+		pageSize = defaultPage
+	}
+	return min(pageSize, maxPage), nil
+}
+
+// finished logs the stream's summary line and reports it to the observer.
+func (r *streamRun) finished(ctx context.Context, err error, took, diffTime time.Duration) {
+	p := r.p
+	kv := []any{"code", status.Code(err), "duration", took,
+		"capacity", r.capacity, "startingOffset", r.start, "pages", p.pages, "tuples", p.tuples, "bytes", p.bytes,
+		"resumes", r.resumes}
+	if r.resumes > 0 || r.resuming > 0 {
+		kv = append(kv, "resuming", r.resuming)
+	}
+	ref := mergeRefinement(r.ref, refinementOf(r.diff))
+	if ref.On {
+		kv = append(kv, refinementLog(ref)...)
+	}
+	klog.FromContext(ctx).V(2).Info("Stream finished", append(kv, "err", err)...)
+	if o := r.d.opts.Observer; o != nil {
+		o.Streamed(r.method, p.tuples, p.bytes, diffTime)
+		if ro, ok := o.(RefinementObserver); ok && ref.On {
+			ro.Refined(r.method, ref)
+		}
+	}
 }
 
 // refinementLog returns the key/value pairs of a stream's log line that

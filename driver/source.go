@@ -19,7 +19,21 @@ import "context"
 //	errors.ErrUnsupported   FAILED_PRECONDITION: the cluster cannot answer this
 //	                        (librbd too old, clone flattened: a full backup is needed)
 //	os.ErrDeadlineExceeded  UNAVAILABLE: the cluster did not answer in time
-//	                        (retryable)
+//	                        (temporary)
+//	Temporary() bool        UNAVAILABLE: an error with this method, returning
+//	                        true, goes away by itself (a connection reset or
+//	                        shut down, an OSD restarting, a monitor failover)
+//
+// An error that is temporary (os.ErrDeadlineExceeded, or Temporary()
+// true, and none of the classes above it) from Iterate does not end the
+// stream within Options.ResumeBudget: the driver closes the Diff, backs
+// off, Opens the same request again (a temporary error from that Open is
+// retried too; any other ends the stream with its code: a snapshot
+// deleted meanwhile is NOT_FOUND) and Iterates from where the stream
+// stopped (see Resumer). A Source must therefore not hand a re-Open a
+// connection that failed with a temporary error. A temporary error may
+// have a method Reason() string: a short, fixed label for the metric of
+// resumes ("timeout", "connection reset"); never a name or an ID.
 //
 // Context errors map to CANCELLED or DEADLINE_EXCEEDED; anything else is
 // INTERNAL. Error texts reach the client, so they must never contain secrets.
@@ -53,6 +67,19 @@ type Diff interface {
 	Iterate(ctx context.Context, offset int64, fn func(Extent) error) error
 	// Close releases the snapshot (open images, the cluster connection).
 	Close() error
+}
+
+// Resumer is implemented by a Diff whose Iterate, started at an offset
+// inside one of its units (an RBD object), may report that unit otherwise
+// than an Iterate that started before it: librbd may report the rest of
+// an object, precise mode refines whole objects. A stream resumed at
+// offset then Iterates from ResumeFrom(offset), the start of the unit,
+// at or below offset, from which Iterate reports [offset, Capacity())
+// exactly as an uninterrupted Iterate did; the driver drops the extents
+// below offset, which the stream already has. Without Resumer, the driver
+// resumes at offset itself.
+type Resumer interface {
+	ResumeFrom(offset int64) int64
 }
 
 // Extent is a byte range of a volume: [Offset, Offset+Length).

@@ -24,6 +24,9 @@ const (
 	msgSecretsTooLarge  = "secrets are %d bytes long, beyond the CSI limit of %d bytes"
 	msgStalled          = "the client took no page for %v, so the server ended the stream (--stall-timeout); " +
 		"resume from the byte after the last tuple received"
+	msgResumeBudget = "the stream's diff kept failing, and the server gave up resuming it after its --resume-budget of %v: " +
+		"it tried for %v (%d re-opens in the last outage); resume from the byte after the last tuple received. Last error: %v"
+	msgCapacityChanged = "the snapshot's size changed from %d to %d bytes between two opens of one stream; snapshots are immutable"
 )
 
 var (
@@ -63,7 +66,7 @@ func toStatus(err error) error {
 		code = codes.PermissionDenied
 	case errors.Is(err, errors.ErrUnsupported):
 		code = codes.FailedPrecondition
-	case errors.Is(err, os.ErrDeadlineExceeded):
+	case errors.Is(err, os.ErrDeadlineExceeded), temporary(err):
 		code = codes.Unavailable
 	default:
 		code = codes.Internal

@@ -37,6 +37,10 @@
 #   RSM_CEPH_MON_V2, RSM_CEPH_MON_V1   the monitor's ports (default BASE, BASE+1;
 #                     3300 and 6789 are Ceph's defaults)
 #   RSM_CEPH_NAMESPACE=none   no RBD namespace ns1
+#   RSM_CEPH_MONS=3   three monitors, a, b and c, in one quorum (default 1):
+#                     a on the monitor ports, b and c on BASE+2/BASE+3
+#                     and BASE+4/BASE+5 (v2/v1); mon_host, CEPH_MON_HOST and
+#                     the csi-config list all three.
 #   RSM_CEPH_OSDS=N   N OSDs (default 1), each on its own sparse file
 #   RSM_CEPH_EC_POOL=NAME   also an erasure-coded pool NAME (profile k=2 m=1
 #                     crush-failure-domain=osd, allow_ec_overwrites on,
@@ -200,6 +204,14 @@ start_inside() {
   host=$ip
   case "$ip" in *:*) host="[$ip]" ipv4=false ipv6=true ;; esac
   mon_addr="[v2:$host:$v2,v1:$host:$v1]"
+  local mons=${RSM_CEPH_MONS:-1} mon_ids=(a) mon_addrs=("$mon_addr") mon_v1s=("\"$host:$v1\"") m
+  [[ $mons =~ ^[13]$ ]] || { echo "bad RSM_CEPH_MONS=$mons (1 or 3)"; return 1; }
+  if ((mons == 3)); then
+    mon_ids=(a b c)
+    mon_addrs+=("[v2:$host:$((base + 2)),v1:$host:$((base + 3))]" "[v2:$host:$((base + 4)),v1:$host:$((base + 5))]")
+    mon_v1s+=("\"$host:$((base + 3))\"" "\"$host:$((base + 5))\"")
+    mon_addr=$(IFS=,; echo "${mon_addrs[*]}")
+  fi
   cat >"$C/ceph.conf" <<EOF
 [global]
 fsid = $fsid
@@ -297,9 +309,14 @@ EOF
   ceph-authtool "$C/mon.keyring" --import-keyring "$C/keyring"
   ceph-authtool "$C/mon.keyring" --gen-key "${keytype[@]}" -n client.csi \
     --cap mon 'profile rbd' --cap osd 'profile rbd' --cap mgr 'profile rbd'
-  monmaptool --create --addv a "$mon_addr" --fsid "$fsid" "$C/monmap"
-  ceph-mon "${conf[@]}" --mkfs -i a --monmap "$C/monmap" --keyring "$C/mon.keyring"
-  ceph-mon "${conf[@]}" -i a </dev/null >>"$C/log/mon.out" 2>&1 9>&-
+  local addv=()
+  for m in "${!mon_ids[@]}"; do addv+=(--addv "${mon_ids[m]}" "${mon_addrs[m]}"); done
+  monmaptool --create "${addv[@]}" --fsid "$fsid" "$C/monmap"
+  for m in "${mon_ids[@]}"; do
+    mkdir -p "$C/mon/ceph-$m"
+    ceph-mon "${conf[@]}" --mkfs -i "$m" --monmap "$C/monmap" --keyring "$C/mon.keyring"
+    ceph-mon "${conf[@]}" -i "$m" </dev/null >>"$C/log/mon.out" 2>&1 9>&-
+  done
 
   for ((i = 0; i < osds; i++)); do
     osd_id=$(printf '{"cephx_secret": "%s"}' "${osd_key[i]}" |
@@ -349,7 +366,7 @@ RSM_CLUSTER_CEPH=${RSM_CEPH:-reef}
 RSM_CLUSTER_CEPH_VERSION=$(ceph-mon --version | awk '{ print $3 }')
 EOF
   cat >"$C/csi-config.json" <<EOF
-[{"clusterID":"rsm-e2e","monitors":["$host:$v1"]},{"clusterID":"rsm-e2e-ns1","monitors":["$host:$v1"],"rbd":{"radosNamespace":"ns1"}}]
+[{"clusterID":"rsm-e2e","monitors":[$(IFS=,; echo "${mon_v1s[*]}")]},{"clusterID":"rsm-e2e-ns1","monitors":[$(IFS=,; echo "${mon_v1s[*]}")],"rbd":{"radosNamespace":"ns1"}}]
 EOF
   printf 'T0=%s T_MON=%s T_OSD=%s T_POOL=%s\n' "$T0" "$T_MON" "$T_OSD" "$T_POOL" >"$C/log/start.times"
 }

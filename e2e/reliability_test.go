@@ -67,7 +67,9 @@ func relOSDFault(t *testing.T, v rbdVolume, mode string, fault func(*testing.T) 
 	if mode == "precise" && !serverHasPrecision(t, "precise") {
 		t.Skip("the server binary has no --precision=precise")
 	}
-	srv := startServer(t, "--precision="+mode, "--ceph-op-timeout="+relOpTimeout.String())
+	// --resume-budget=0: the behaviour without resuming, which
+	// reliability_resume_test.go compares with.
+	srv := startServer(t, "--precision="+mode, "--ceph-op-timeout="+relOpTimeout.String(), "--resume-budget=0")
 	qs := []metaReq{{target: v.id("s2")}, {base: v.id("s1"), target: v.id("s2")}}
 	want := make([][]span, len(qs))
 	for i := range qs {

@@ -29,6 +29,8 @@ type Metrics struct {
 	refined     *prometheus.CounterVec
 	checksummed *prometheus.CounterVec
 	fallback    *prometheus.CounterVec
+	resumes     *prometheus.CounterVec
+	resuming    *prometheus.HistogramVec
 }
 
 // New makes the metrics. conns, when not nil, reports the number of cached
@@ -74,8 +76,18 @@ func New(conns func() float64) *Metrics {
 			Namespace: namespace, Name: "precise_fallbacks_total",
 			Help: "Precise mode's fallbacks to librbd's coarser answer, by scope (image: a whole stream got the exact diff; object: one object was reported whole) and reason.",
 		}, []string{"method", "scope", "reason"}),
+		resumes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "stream_resumes_total",
+			Help: "Streams resumed inside the server after their diff failed with an error that goes away by itself (--resume-budget), by the error's short reason (timeout, connection_reset, class_unavailable, ...).",
+		}, []string{"reason"}),
+		resuming: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: namespace, Name: "stream_resume_seconds",
+			Help:    "Time from a diff's failure to its re-opened diff (outcome resumed), or to the end of the stream that could not resume (outcome failed: budget spent, an error that lasts, a cancel).",
+			Buckets: prometheus.ExponentialBuckets(0.25, 2, 11), // 0.25 s .. 4.3 min
+		}, []string{"outcome"}),
 	}
 	m.Registry.MustRegister(m.rpcs, m.duration, m.inFlight, m.tuples, m.bytes, m.diff, m.refined, m.checksummed, m.fallback,
+		m.resumes, m.resuming,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if conns != nil {
 		m.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -136,4 +148,21 @@ func (m *Metrics) Refined(method string, r driver.Refinement) {
 	}
 }
 
-var _ driver.RefinementObserver = (*Metrics)(nil)
+// Resumed records one resume of a stream. It implements
+// driver.ResumeObserver.
+func (m *Metrics) Resumed(_, reason string, took time.Duration, ok bool) {
+	if m == nil {
+		return
+	}
+	outcome := "failed"
+	if ok {
+		outcome = "resumed"
+		m.resumes.WithLabelValues(reason).Inc()
+	}
+	m.resuming.WithLabelValues(outcome).Observe(took.Seconds())
+}
+
+var (
+	_ driver.RefinementObserver = (*Metrics)(nil)
+	_ driver.ResumeObserver     = (*Metrics)(nil)
+)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io/fs"
 	"math"
-	"os"
 	"runtime/debug"
 	"sync"
 	"syscall"
@@ -354,12 +353,42 @@ func (d *Diff) Iterate(ctx context.Context, offset int64, fn func(offset, length
 }
 
 // discardConnOnTimeout stops caching the Diff's connection when err says
-// the cluster did not answer in time: later requests then connect anew
-// rather than reuse a connection that an outage may have left broken.
+// the cluster did not answer in time, or any error that goes away by
+// itself (temporary: a reset or shut down connection...): later requests,
+// and the driver's re-open of a resumed stream, then connect anew rather
+// than reuse a connection that an outage may have left broken.
 func (d *Diff) discardConnOnTimeout(err error) {
-	if d.cc != nil && errors.Is(err, os.ErrDeadlineExceeded) {
+	if d.cc != nil && temporary(err) {
 		d.conns.discard(d.cc)
 	}
+}
+
+// ResumeFrom returns where a stream resumed at offset must Iterate from to
+// get the extents of [offset, Capacity) exactly as one Iterate from
+// before offset did (driver.Resumer): the start of the object holding
+// offset, or of its object set when the image is striped (librbd may
+// report the rest of an object from an offset inside it, and precise mode
+// refines whole objects). LUKS offsets are shifted as Iterate's. When the
+// layout cannot be read it returns 0: correct too, only slower.
+//
+// Implements (through go-ceph): rbd_stat, rbd_get_stripe_count.
+func (d *Diff) ResumeFrom(offset int64) int64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed || d.image == nil {
+		return 0
+	}
+	st, err := d.image.Stat()
+	if err != nil || st.Obj_size == 0 {
+		return 0
+	}
+	sc, err := d.image.GetStripeCount()
+	if err != nil || sc == 0 {
+		return 0
+	}
+	unit := int64(st.Obj_size) * int64(sc)
+	raw := offset + d.header
+	return max(raw-raw%unit-d.header, 0)
 }
 
 // existing returns the raw ranges, in whole objects and ascending, of the

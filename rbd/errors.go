@@ -56,6 +56,30 @@ func kindOf(n int) error {
 	return nil
 }
 
+// transient returns the short reason (a metric's label) when errno n goes
+// away by itself, "" when it does not: an OSD or monitor that did not
+// answer within the op timeout, a connection to one that was reset, shut
+// down or not (yet) made again, an OSD restarted and not yet serving its
+// object classes, a resource busy for now. The driver resumes a stream
+// after these (driver.Source's Temporary).
+func transient(n int) string {
+	switch syscall.Errno(n) {
+	case syscall.ETIMEDOUT:
+		return "timeout"
+	case syscall.ECONNRESET:
+		return "connection_reset"
+	case syscall.ESHUTDOWN:
+		return "connection_shutdown"
+	case syscall.ENOTCONN:
+		return "not_connected"
+	case syscall.EOPNOTSUPP:
+		return "class_unavailable"
+	case syscall.EAGAIN:
+		return "try_again"
+	}
+	return ""
+}
+
 // cephError is a failed librados or librbd call, classified by the standard
 // sentinel of its errno. errors.Is matches both the sentinel and go-ceph's
 // original error.
@@ -80,6 +104,23 @@ func (e *cephError) Unwrap() []error {
 		return []error{e.err}
 	}
 	return []error{e.kind, e.err}
+}
+
+// Temporary tells the driver that the error goes away by itself (see
+// transient), unless its errno was classified otherwise (EOPNOTSUPP for a
+// key librados cannot read is INVALID_ARGUMENT: see connectError).
+func (e *cephError) Temporary() bool {
+	return (e.kind == nil || e.kind == os.ErrDeadlineExceeded) && transient(e.errno) != ""
+}
+
+// Reason is the short reason of a temporary error, for the driver's metric.
+func (e *cephError) Reason() string { return transient(e.errno) }
+
+// temporary reports whether err goes away by itself: a stream resumes
+// after it, on a new connection (see Diff.discardConnOnTimeout).
+func temporary(err error) bool {
+	var ce *cephError
+	return errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &ce) && ce.Temporary()
 }
 
 // classify turns a go-ceph error into a cephError. Context errors and errors

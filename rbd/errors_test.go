@@ -76,3 +76,47 @@ func TestWrapClassifies(t *testing.T) {
 		t.Errorf("text = %q", got)
 	}
 }
+
+// TestTemporary: the errnos that go away by themselves are Temporary,
+// with a short reason for the driver's metric, whatever their sign; the
+// others are not, nor is an errno classified otherwise (a key librados
+// cannot read answers EOPNOTSUPP on connect: INVALID_ARGUMENT).
+func TestTemporary(t *testing.T) {
+	for _, tc := range []struct {
+		errno  syscall.Errno
+		reason string
+	}{
+		{syscall.ETIMEDOUT, "timeout"},
+		{syscall.ECONNRESET, "connection_reset"},
+		{syscall.ESHUTDOWN, "connection_shutdown"},
+		{syscall.ENOTCONN, "not_connected"},
+		{syscall.EOPNOTSUPP, "class_unavailable"},
+		{syscall.EAGAIN, "try_again"},
+		{syscall.EIO, ""},
+		{syscall.ENOENT, ""},
+		{syscall.EACCES, ""},
+		{syscall.EINVAL, ""},
+	} {
+		for _, sign := range []int{-1, 1} {
+			err := wrap("read", errno(sign*int(tc.errno)))
+			var tmp interface {
+				Temporary() bool
+				Reason() string
+			}
+			if !errors.As(err, &tmp) {
+				t.Fatalf("%v: no Temporary method", err)
+			}
+			if tmp.Temporary() != (tc.reason != "") || temporary(err) != (tc.reason != "") {
+				t.Errorf("%v (%d): Temporary() = %v, temporary() = %v", err, sign*int(tc.errno), tmp.Temporary(), temporary(err))
+			}
+			if tc.reason != "" && tmp.Reason() != tc.reason {
+				t.Errorf("%v: Reason() = %q, want %q", err, tmp.Reason(), tc.reason)
+			}
+		}
+	}
+	keyType2 := "AgAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=="
+	err := connectError(connParams{monHost: "x", key: keyType2}, timeouts{}, errno(-int(syscall.EOPNOTSUPP)))
+	if !errors.Is(err, fs.ErrInvalid) || temporary(err) {
+		t.Errorf("connect refusing the key's type: %v, temporary %v; want INVALID_ARGUMENT, not temporary", err, temporary(err))
+	}
+}

@@ -2,9 +2,7 @@ package rbd
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"os"
 	"sync"
 	"syscall"
 
@@ -336,8 +334,11 @@ func (p *pipeline) finish(err error) error {
 }
 
 // isTimeout reports whether err says the cluster did not answer in time,
-// which stops a pipeline (see pipeline) rather than fall back.
+// or another error that goes away by itself (a connection reset...), which
+// stops a pipeline (see pipeline) rather than fall back: the driver then
+// resumes the stream and refines that object again, where a fallback
+// would report it whole.
 func isTimeout(err error) bool {
 	err = classify(err)
-	return errors.Is(err, os.ErrDeadlineExceeded) && errnoOf(err) != int(syscall.EOPNOTSUPP)
+	return temporary(err) && errnoOf(err) != int(syscall.EOPNOTSUPP)
 }

@@ -4,8 +4,12 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"os/signal"
+	"runtime/debug"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -25,6 +29,18 @@ import (
 // stay within a few hundred MiB in a provisioner pod, while backup tools
 // read a few volumes at a time.
 const defaultMaxStreams = 32
+
+// defaultResumeBudget is --resume-budget's default. The sidecar ends every
+// stream after its --max-streaming-duration-min (10 min by default), and
+// a large volume's stream takes minutes of that by itself. Two minutes of
+// resuming, after the op timeout that detects the fault (30 s), cover an
+// OSD restart (back within seconds), and on a cluster with replicas an
+// OSD that stays down: the monitors mark it down after the heartbeat grace
+// (20 s) and its PGs peer on the other replicas within seconds more; a
+// monitor election takes seconds. Longer outages (a whole cluster down)
+// end the stream with UNAVAILABLE while the sidecar's cap still leaves a
+// retry possible.
+const defaultResumeBudget = 2 * time.Minute
 
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
@@ -49,6 +65,7 @@ func run(args []string) int {
 		grace       = fs.Duration("grace-period", 30*time.Second, "on SIGTERM, how long running streams may finish")
 		maxStreams  = fs.Int("max-streams", defaultMaxStreams, "how many GetMetadataAllocated/GetMetadataDelta streams are served at once; more are refused with ABORTED (0: no limit)")
 		stall       = fs.Duration("stall-timeout", 5*time.Minute, "a stream whose client takes no page for this long ends with DEADLINE_EXCEEDED, releasing its image and thread (0: never)")
+		resume      = fs.Duration("resume-budget", defaultResumeBudget, "how long in all a stream may spend re-opening its diff after errors that go away by themselves (an OSD or monitor that did not answer in time, a reset connection), backing off, before it ends with UNAVAILABLE; the stream then goes on from where it stopped (0: such errors end the stream at once)")
 		metricsAddr = fs.String("metrics-address", "", "host:port to serve Prometheus /metrics on (empty: off)")
 		showVersion = fs.Bool("version", false, "print the version and exit")
 	)
@@ -87,6 +104,10 @@ func run(args []string) int {
 	}
 
 	logger := klog.Background()
+	if limit, ok := goMemoryLimit(os.Getenv); ok {
+		debug.SetMemoryLimit(limit)
+		logger.Info("Go memory limit from the container's", "goMemoryLimit", limit, "memoryLimit", os.Getenv(memoryLimitEnv))
+	}
 	src := rbd.NewSource(rbd.Options{
 		ConfigPath:     *configPath,
 		MountTimeout:   *mountTO,
@@ -108,6 +129,7 @@ func run(args []string) int {
 		Ready:             func() error { return checkConfig(*configPath) },
 		Observer:          m,
 		StallTimeout:      *stall,
+		ResumeBudget:      *resume,
 	})
 	if err != nil {
 		logger.Error(err, "Invalid configuration")
@@ -115,7 +137,7 @@ func run(args []string) int {
 	}
 	logger.Info("Starting", "version", version, "driver", *driverName, "clusterConfig", *configPath,
 		"blockMetadataType", *blockType, "fixedBlockSize", *blockSize, "precision", *precision,
-		"trustObjectMap", *trustOM, "preciseWalk", *walk, "maxStreams", *maxStreams, "stallTimeout", *stall)
+		"trustObjectMap", *trustOM, "preciseWalk", *walk, "maxStreams", *maxStreams, "stallTimeout", *stall, "resumeBudget", *resume)
 
 	ctx, stop := signal.NotifyContext(klog.NewContext(context.Background(), logger), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -127,6 +149,26 @@ func run(args []string) int {
 		return 1
 	}
 	return 0
+}
+
+// memoryLimitEnv names the environment variable that holds the
+// container's memory limit in bytes (the manifests set it from the
+// downward API's limits.memory).
+const memoryLimitEnv = "MEMORY_LIMIT_BYTES"
+
+// goMemoryLimit returns the Go memory limit derived from the container's:
+// 3/4 of it, since librados' heap, threads and the binary are outside Go's
+// accounting (about 55 MiB idle, more with many connections). Without the
+// variable, or when GOMEMLIMIT is set (it wins), none.
+func goMemoryLimit(getenv func(string) string) (int64, bool) {
+	if getenv("GOMEMLIMIT") != "" {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(getenv(memoryLimitEnv)), 10, 64)
+	if err != nil || n <= 0 || n == math.MaxInt64 {
+		return 0, false // unset, or no limit
+	}
+	return n / 4 * 3, true
 }
 
 // checkConfig is the server's readiness: the cluster config can be read and

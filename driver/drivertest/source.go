@@ -20,6 +20,11 @@ type Volume struct {
 	Allocated map[string][]driver.Extent
 	// Delta maps "base>target" to the changed extents.
 	Delta map[string][]driver.Extent
+	// ObjectSize, when positive, makes the volume's diffs report the rest
+	// of an object, from the offset to the object's end, when an Iterate
+	// starts inside an object that holds an extent there (as librbd may),
+	// and say where to resume (driver.Resumer): at the object's start.
+	ObjectSize int64
 }
 
 // Source serves fixed extents. Hooks let a test fail or stall a diff.
@@ -28,13 +33,28 @@ type Source struct {
 	volumes map[string]*Volume // by snapshot ID
 	open    int
 	opened  int
+	calls   int
 
 	// OpenErr, when set, fails Open.
 	OpenErr error
 	// BeforeExtent, when set, runs before the i-th extent of a diff is
 	// delivered; an error from it fails the diff.
 	BeforeExtent func(ctx context.Context, i int) error
+	// OpenHook, when set, runs before each Open, given how many Opens came
+	// before; an error from it fails that Open.
+	OpenHook func(ctx context.Context, n int) error
 }
+
+// TemporaryError is an error that goes away by itself (see driver.Source).
+type TemporaryError struct{ Why string }
+
+func (e TemporaryError) Error() string { return "temporary: " + e.Why }
+
+// Temporary marks the error as one that goes away by itself.
+func (TemporaryError) Temporary() bool { return true }
+
+// Reason is the error's label in the metric of resumes.
+func (e TemporaryError) Reason() string { return e.Why }
 
 // NewSource returns an empty fake.
 func NewSource() *Source { return &Source{volumes: map[string]*Volume{}} }
@@ -54,6 +74,15 @@ func (s *Source) Open(ctx context.Context, req driver.OpenRequest) (driver.Diff,
 		return nil, s.OpenErr
 	}
 	s.mu.Lock()
+	n := s.calls
+	s.calls++
+	s.mu.Unlock()
+	if s.OpenHook != nil {
+		if err := s.OpenHook(ctx, n); err != nil {
+			return nil, err
+		}
+	}
+	s.mu.Lock()
 	defer s.mu.Unlock()
 	v, ok := s.volumes[req.Target]
 	if !ok {
@@ -70,11 +99,18 @@ func (s *Source) Open(ctx context.Context, req driver.OpenRequest) (driver.Diff,
 	}
 	s.open++
 	s.opened++
-	return &diff{src: s, capacity: v.Capacity, extents: ext}, nil
+	d := &diff{src: s, capacity: v.Capacity, extents: ext, obj: v.ObjectSize}
+	if d.obj > 0 {
+		return objectDiff{d}, nil
+	}
+	return d, nil
 }
 
 // OpenDiffs counts the diffs opened and not yet closed.
 func (s *Source) OpenDiffs() int { s.mu.Lock(); defer s.mu.Unlock(); return s.open }
+
+// OpenCalls counts the calls of Open, failed ones too.
+func (s *Source) OpenCalls() int { s.mu.Lock(); defer s.mu.Unlock(); return s.calls }
 
 // Opened counts the diffs ever opened.
 func (s *Source) Opened() int { s.mu.Lock(); defer s.mu.Unlock(); return s.opened }
@@ -83,21 +119,37 @@ type diff struct {
 	src      *Source
 	capacity int64
 	extents  []driver.Extent
+	obj      int64 // Volume.ObjectSize
 	closed   bool
 }
+
+// objectDiff is a diff of a volume with objects: a driver.Resumer.
+type objectDiff struct{ *diff }
+
+// ResumeFrom implements driver.Resumer: the start of the object.
+func (d objectDiff) ResumeFrom(offset int64) int64 { return offset - offset%d.obj }
 
 func (d *diff) Capacity() int64 { return d.capacity }
 
 // Iterate delivers the extents that end after offset, clipped to it, as
-// librbd does.
+// librbd does; with ObjectSize, started inside an object, the rest of that
+// object first when it holds an extent there.
 func (d *diff) Iterate(ctx context.Context, offset int64, fn func(driver.Extent) error) error {
+	rest := int64(-1) // the end of the object reported whole
 	for i, e := range d.extents {
-		if e.Offset+e.Length <= offset {
+		if e.Offset+e.Length <= offset || e.Offset+e.Length <= rest {
 			continue
 		}
 		if e.Offset < offset {
 			e.Length -= offset - e.Offset
 			e.Offset = offset
+		}
+		if d.obj > 0 && offset%d.obj != 0 && rest < 0 && e.Offset < offset-offset%d.obj+d.obj {
+			rest = offset - offset%d.obj + d.obj
+			e = driver.Extent{Offset: offset, Length: min(rest, d.capacity) - offset}
+		} else if e.Offset < rest {
+			e.Length -= rest - e.Offset
+			e.Offset = rest
 		}
 		if err := ctx.Err(); err != nil {
 			return err

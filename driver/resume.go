@@ -1,0 +1,227 @@
+package driver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"k8s.io/klog/v2"
+)
+
+// Resuming a stream inside the server.
+//
+// A diff that fails with an error that goes away by itself (temporary: an
+// OSD that did not answer within the op timeout, a connection reset, an
+// OSD restarting without its object classes yet, a monitor failover) does
+// not end the stream when Options.ResumeBudget allows: the diff is closed
+// (the Source stops caching a connection that failed so), the driver backs
+// off, opens the same snapshots again and goes on from the end of the
+// extents the pager received, with the pager, its unsent page and its
+// pending tuple as they were. The client sees pages flow again, and the
+// same tuples as from an uninterrupted diff: the snapshots are immutable,
+// and a Diff that reports a unit (an RBD object) differently when started
+// inside it says where to restart (Resumer), the pager dropping what it
+// already received.
+//
+// What ends the stream anyway: an error that does not go away (NOT_FOUND,
+// PERMISSION_DENIED, UNAUTHENTICATED, INVALID_ARGUMENT, ...) at once, also
+// from a re-open; the budget spent (UNAVAILABLE, saying how long it tried
+// and what failed last); cancellation and the stall timeout at once, also
+// during a backoff; and any error of the client's side (a failed send).
+
+// Backoff between the re-opens of one stream; see Options.NewBackOff.
+const (
+	resumeInitialWait = time.Second
+	resumeMaxWait     = 10 * time.Second
+)
+
+func defaultBackOff() backoff.BackOff {
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval = resumeInitialWait
+	b.Multiplier = 2
+	b.RandomizationFactor = 0.5
+	b.MaxInterval = resumeMaxWait
+	return b
+}
+
+// temporary reports whether err goes away by itself (see Source): a
+// stream may be resumed after it. Context errors and the classes that last
+// are never temporary.
+func temporary(err error) bool {
+	switch {
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded),
+		errors.Is(err, fs.ErrNotExist), errors.Is(err, fs.ErrInvalid), errors.Is(err, fs.ErrPermission),
+		unauthenticated(err), errors.Is(err, errors.ErrUnsupported):
+		return false
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return true
+	}
+	var t interface{ Temporary() bool }
+	return errors.As(err, &t) && t.Temporary()
+}
+
+// resumeReason is the short reason of a temporary error, for the metric's
+// label: the error's own Reason() when it has one (see Source).
+func resumeReason(err error) string {
+	var r interface{ Reason() string }
+	if errors.As(err, &r) && r.Reason() != "" {
+		return r.Reason()
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return "timeout"
+	}
+	return "temporary"
+}
+
+// iterate runs the diff from the stream's starting offset to the end,
+// resuming it after temporary errors.
+func (r *streamRun) iterate(ctx context.Context) error {
+	from := r.start
+	for {
+		cause := r.diff.Iterate(ctx, from, r.add)
+		if cause != nil && r.addErr == nil && ctx.Err() != nil {
+			// Cancelled while librbd waited for the cluster: the
+			// stream ends for the cancel, not for the cluster.
+			return ctx.Err()
+		}
+		if cause == nil || r.final(ctx, cause) {
+			return cause
+		}
+		at := r.p.resume()
+		failed := time.Now()
+		if err := r.reopen(ctx, cause); err != nil {
+			r.observeResume(cause, time.Since(failed), false)
+			return err
+		}
+		from = at
+		if rs, ok := r.diff.(Resumer); ok {
+			from = max(r.start, min(rs.ResumeFrom(at), at))
+		}
+		r.resumes++
+		r.observeResume(cause, time.Since(failed), true)
+		klog.FromContext(ctx).V(2).Info("Resumed stream", "offset", at, "diffFrom", from,
+			"reason", resumeReason(cause), "took", time.Since(failed), "resumes", r.resumes, "err", cause)
+	}
+}
+
+// add hands an extent to the pager, keeping the pager's error: it ends the
+// stream (the client's side failed), it is never resumed.
+func (r *streamRun) add(e Extent) error {
+	err := r.p.add(e)
+	if err != nil {
+		r.addErr = err
+	}
+	return err
+}
+
+// final reports whether err, from the diff, ends the stream.
+func (r *streamRun) final(ctx context.Context, err error) bool {
+	return r.d.opts.ResumeBudget <= 0 || ctx.Err() != nil || r.addErr != nil || !temporary(err)
+}
+
+// reopen closes the failed diff and opens the snapshots again, backing
+// off between attempts, until one succeeds, an error that lasts comes,
+// ctx is done, the client stalls or fails, or the budget is spent.
+func (r *streamRun) reopen(ctx context.Context, cause error) error {
+	began := time.Now()
+	defer func() { r.resuming += time.Since(began) }()
+	r.closeDiff(ctx)
+	newBackOff := r.d.opts.NewBackOff
+	if newBackOff == nil {
+		newBackOff = defaultBackOff
+	}
+	bo := newBackOff()
+	last, attempts := cause, 0
+	for {
+		left := r.d.opts.ResumeBudget - r.resuming - time.Since(began)
+		if left <= 0 {
+			return status.Errorf(codes.Unavailable, msgResumeBudget, r.d.opts.ResumeBudget,
+				(r.resuming + time.Since(began)).Round(time.Millisecond), attempts, last)
+		}
+		wait := bo.NextBackOff()
+		if wait == backoff.Stop || wait > left {
+			wait = left
+		}
+		if err := r.snd.pause(ctx, wait); err != nil {
+			return err
+		}
+		attempts++
+		diff, err := r.d.src.Open(ctx, r.req)
+		switch {
+		case err == nil && diff.Capacity() != r.capacity:
+			c := diff.Capacity()
+			if cerr := diff.Close(); cerr != nil {
+				klog.FromContext(ctx).V(4).Info("Closing a re-opened diff failed", "err", cerr)
+			}
+			return fmt.Errorf(msgCapacityChanged, r.capacity, c)
+		case err == nil:
+			r.diff = diff
+			return nil
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case !temporary(err):
+			return err
+		}
+		last = err
+	}
+}
+
+// closeDiff closes the failed diff before a re-open, keeping what precise
+// mode did in it for the stream's summary.
+func (r *streamRun) closeDiff(ctx context.Context) {
+	r.ref = mergeRefinement(r.ref, refinementOf(r.diff))
+	if err := r.diff.Close(); err != nil {
+		klog.FromContext(ctx).V(4).Info("Closing a failed diff failed", "err", err)
+	}
+	r.diff = nil
+}
+
+// observeResume tells the observer about one resume, done or not.
+func (r *streamRun) observeResume(cause error, took time.Duration, ok bool) {
+	if ro, is := r.d.opts.Observer.(ResumeObserver); is {
+		ro.Resumed(r.method, resumeReason(cause), took, ok)
+	}
+}
+
+// refinementOf returns what precise mode did in diff, if it says.
+func refinementOf(diff Diff) Refinement {
+	if rf, ok := diff.(Refiner); ok {
+		return rf.Refinement()
+	}
+	return Refinement{}
+}
+
+// mergeRefinement adds up what precise mode did in the diffs of one stream.
+func mergeRefinement(a, b Refinement) Refinement {
+	if !b.On {
+		return a
+	}
+	if !a.On {
+		return b
+	}
+	a.Objects += b.Objects
+	a.Checksummed += b.Checksummed
+	if b.Candidates != "" {
+		a.Candidates = b.Candidates
+	}
+	if b.ImageFallback != "" {
+		a.ImageFallback, a.ImageFallbackDetail = b.ImageFallback, b.ImageFallbackDetail
+	}
+	if len(b.ObjectFallbacks) > 0 {
+		m := make(map[string]int64, len(a.ObjectFallbacks)+len(b.ObjectFallbacks))
+		for k, v := range a.ObjectFallbacks {
+			m[k] += v
+		}
+		for k, v := range b.ObjectFallbacks {
+			m[k] += v
+		}
+		a.ObjectFallbacks, a.LastObjectFallback = m, b.LastObjectFallback
+	}
+	return a
+}
