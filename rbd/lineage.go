@@ -239,3 +239,17 @@ func (d *Diff) confirmLineages() error {
 	}
 	return nil
 }
+
+// Lineage names the snapshots the Diff reads, and their parent snapshots,
+// by ID, as they were when it opened. Two Diffs of the same request read
+// the same data if and only if their Lineages are equal: a caller that
+// opens the snapshots again (to resume a stream) compares them, since a
+// parent that changed in between may have made what was read before
+// wrong.
+func (d *Diff) Lineage() string {
+	parts := make([]string, len(d.lineages))
+	for i, ln := range d.lineages {
+		parts[i] = ln.String()
+	}
+	return strings.Join(parts, "; ")
+}
