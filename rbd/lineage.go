@@ -134,8 +134,17 @@ func readLineage(conn *rados.Conn, first link) (lineage, error) {
 	}
 }
 
-// parentAt opens l's image, checks that l's snapshot exists and returns its
-// parent snapshot there, nil when it has none.
+// parentAt checks that l's snapshot exists and returns its parent
+// snapshot, nil when it has none. A format 2 image's header is read with
+// one compound RADOS read of cls_rbd's methods (get_snapcontext: every
+// snapshot of the image, any namespace; parent_get and parent_overlap_get:
+// the parent at that snapshot), not by opening the image, which for a
+// clone opens its whole parent chain too. Format 1 images (no ID) cannot
+// be clones: they are opened, to see the snapshot.
+//
+// Implements (through go-ceph): rados_ioctx_create, rados_read_op_exec
+// (cls_rbd get_snapcontext, parent_get, parent_overlap_get); for format 1
+// rbd_open_read_only, rbd_snap_set_by_id.
 func parentAt(conn *rados.Conn, l link) (*link, error) {
 	ioctx, err := conn.OpenIOContext(l.pool)
 	if err != nil {
@@ -146,34 +155,45 @@ func parentAt(conn *rados.Conn, l link) (*link, error) {
 	}
 	defer ioctx.Destroy()
 	ioctx.SetNamespace(l.namespace)
-	var img *librbd.Image
-	if l.imageID != "" {
-		img, err = librbd.OpenImageByIdReadOnly(ioctx, l.imageID, librbd.NoSnapshot)
-	} else {
-		img, err = librbd.OpenImageReadOnly(ioctx, l.image, librbd.NoSnapshot)
+	if l.imageID == "" {
+		return nil, format1SnapExists(ioctx, l)
 	}
-	if err != nil {
-		if errors.Is(err, librbd.ErrNotFound) {
-			return nil, fmt.Errorf("snapshot %s: image removed: %w", l, errors.Join(errVanished, fs.ErrNotExist))
-		}
-		return nil, wrap("open image of snapshot "+l.String(), err)
-	}
-	defer img.Close()
-	if err := img.SetSnapByID(l.snapID); err != nil {
-		if errors.Is(err, librbd.ErrNotFound) {
-			return nil, fmt.Errorf("snapshot %s: removed: %w", l, errors.Join(errVanished, fs.ErrNotExist))
-		}
-		return nil, wrap("set image to snapshot "+l.String(), err)
-	}
-	p, err := img.GetParent()
-	if errors.Is(err, librbd.ErrNotFound) {
+	h, err := readHeader(ioctx, l.imageID, l.snapID)
+	switch {
+	case errors.Is(err, rados.ErrNotFound) && !h.read:
+		return nil, fmt.Errorf("snapshot %s: image removed: %w", l, errors.Join(errVanished, fs.ErrNotExist))
+	case err != nil && !h.read:
+		return nil, wrap("read the header of image "+l.String(), err)
+	case !h.snaps[l.snapID]:
+		return nil, fmt.Errorf("snapshot %s: removed: %w", l, errors.Join(errVanished, fs.ErrNotExist))
+	case err != nil:
+		return nil, wrap("read the parent of snapshot "+l.String(), err)
+	case !h.hasParent:
 		return nil, nil
 	}
+	pool, err := conn.GetPoolByID(h.parent.poolID)
 	if err != nil {
-		return nil, wrap("get parent of snapshot "+l.String(), err)
+		return nil, wrap(fmt.Sprintf("name pool %d of the parent of snapshot %s", h.parent.poolID, l), err)
 	}
-	return &link{pool: p.Image.PoolName, namespace: p.Image.PoolNamespace, imageID: p.Image.ImageID,
-		image: p.Image.ImageName, snapID: p.Snap.ID}, nil
+	return &link{pool: pool, namespace: h.parent.namespace, imageID: h.parent.imageID, snapID: h.parent.snapID}, nil
+}
+
+// format1SnapExists checks that l's snapshot of a format 1 image exists.
+func format1SnapExists(ioctx *rados.IOContext, l link) error {
+	img, err := librbd.OpenImageReadOnly(ioctx, l.image, librbd.NoSnapshot)
+	if errors.Is(err, librbd.ErrNotFound) {
+		return fmt.Errorf("snapshot %s: image removed: %w", l, errors.Join(errVanished, fs.ErrNotExist))
+	}
+	if err != nil {
+		return wrap("open image of snapshot "+l.String(), err)
+	}
+	defer img.Close()
+	if err := img.SetSnapByID(l.snapID); errors.Is(err, librbd.ErrNotFound) {
+		return fmt.Errorf("snapshot %s: removed: %w", l, errors.Join(errVanished, fs.ErrNotExist))
+	} else if err != nil {
+		return wrap("set image to snapshot "+l.String(), err)
+	}
+	return nil
 }
 
 // recordLineages reads the lineages of the Diff's snapshots, once they are
