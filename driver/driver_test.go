@@ -152,6 +152,13 @@ func (refusedLogin) Error() string         { return "authentication failed" }
 func (refusedLogin) Unwrap() error         { return fs.ErrPermission }
 func (refusedLogin) Unauthenticated() bool { return true }
 
+// changedMeanwhile is a Source error that says another client changed a
+// snapshot while the diff read it, as rbd's errConflict does.
+type changedMeanwhile struct{}
+
+func (changedMeanwhile) Error() string { return "parent flattened meanwhile" }
+func (changedMeanwhile) Aborted() bool { return true }
+
 func TestErrorCodes(t *testing.T) {
 	secrets := map[string]string{"userID": "admin", "userKey": "AQ=="}
 	tests := []struct {
@@ -186,6 +193,8 @@ func TestErrorCodes(t *testing.T) {
 		{name: "open other", openErr: errors.New("boom"), alloc: &csi.GetMetadataAllocatedRequest{SnapshotId: "s1"}, wantCode: codes.Internal},
 		{name: "allocated fails mid-stream", failAt: 3, failErr: errMidStream, alloc: &csi.GetMetadataAllocatedRequest{SnapshotId: "s1", MaxResults: 1}, wantCode: codes.Internal},
 		{name: "delta times out mid-stream", failAt: 3, failErr: fmt.Errorf("osd op: %w", os.ErrDeadlineExceeded), delta: &csi.GetMetadataDeltaRequest{BaseSnapshotId: "s1", TargetSnapshotId: "s2", MaxResults: 1}, wantCode: codes.Unavailable},
+		{name: "delta base removed mid-stream", failAt: 3, failErr: fmt.Errorf("base snapshot removed: %w", fs.ErrNotExist), delta: &csi.GetMetadataDeltaRequest{BaseSnapshotId: "s1", TargetSnapshotId: "s2", MaxResults: 1}, wantCode: codes.NotFound},
+		{name: "allocated parent changed mid-stream", failAt: 3, failErr: fmt.Errorf("check: %w", changedMeanwhile{}), alloc: &csi.GetMetadataAllocatedRequest{SnapshotId: "s1", MaxResults: 1}, wantCode: codes.Aborted},
 		{name: "delta ok", delta: &csi.GetMetadataDeltaRequest{BaseSnapshotId: "s1", TargetSnapshotId: "s2"}, wantCode: codes.OK},
 		{name: "delta no base", delta: &csi.GetMetadataDeltaRequest{TargetSnapshotId: "s2"}, wantCode: codes.InvalidArgument},
 		{name: "delta no target", delta: &csi.GetMetadataDeltaRequest{BaseSnapshotId: "s1"}, wantCode: codes.InvalidArgument},

@@ -9,12 +9,16 @@ import "context"
 // with errors.Is against these standard sentinels, so that the Source needs
 // to import neither this package nor gRPC:
 //
-//	fs.ErrNotExist          NOT_FOUND: cluster, pool, namespace, image or snapshot unknown
+//	fs.ErrNotExist          NOT_FOUND: cluster, pool, namespace, image or snapshot unknown,
+//	                        or removed while the diff read it (then from Iterate)
 //	fs.ErrInvalid           INVALID_ARGUMENT: malformed ID, base not older than target,
 //	                        snapshots of different volumes, secrets missing
 //	Unauthenticated() bool  UNAUTHENTICATED: an error with this method, returning
 //	                        true, says the credentials were refused (wrong key,
 //	                        unknown user)
+//	Aborted() bool          ABORTED: another client changed a snapshot while the
+//	                        diff read it (a parent flattened away); asking again
+//	                        gives a right answer
 //	fs.ErrPermission        PERMISSION_DENIED: the Ceph user lacks the caps
 //	errors.ErrUnsupported   FAILED_PRECONDITION: the cluster cannot answer this
 //	                        (librbd too old, clone flattened: a full backup is needed)
@@ -63,7 +67,10 @@ type Diff interface {
 	// calling fn for each extent in ascending order of Offset, without
 	// overlap. Extents lie within [offset, Capacity()). When fn returns an
 	// error, the diff stops at once and Iterate returns that error. Iterate
-	// also stops with ctx's error when ctx is done.
+	// also stops with ctx's error when ctx is done. It returns nil only if
+	// every extent was delivered and the snapshots outlived the diff: a
+	// snapshot removed while it ran may have made extents go missing, and
+	// then Iterate fails (NOT_FOUND), so that the stream never ends OK.
 	Iterate(ctx context.Context, offset int64, fn func(Extent) error) error
 	// Close releases the snapshot (open images, the cluster connection).
 	Close() error

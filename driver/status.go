@@ -62,6 +62,8 @@ func toStatus(err error) error {
 		code = codes.InvalidArgument
 	case unauthenticated(err):
 		code = codes.Unauthenticated
+	case aborted(err):
+		code = codes.Aborted
 	case errors.Is(err, fs.ErrPermission):
 		code = codes.PermissionDenied
 	case errors.Is(err, errors.ErrUnsupported):
@@ -72,6 +74,13 @@ func toStatus(err error) error {
 		code = codes.Internal
 	}
 	return status.Error(code, err.Error())
+}
+
+// aborted reports whether err says that another client changed a snapshot
+// while the diff read it (see Source).
+func aborted(err error) bool {
+	var a interface{ Aborted() bool }
+	return errors.As(err, &a) && a.Aborted()
 }
 
 // unauthenticated reports whether err says that the request's credentials

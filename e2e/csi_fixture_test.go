@@ -294,6 +294,9 @@ type csiSnap struct {
 	clone   string
 	trashID uint64
 	mark    int
+	// cloneImg is the clone, open until the test ends (or the snapshot
+	// is deleted).
+	cloneImg *rbd.Image
 }
 
 func (s *csiSnap) handle() string { return s.vol.c.handle(s.uuid) }
@@ -324,6 +327,7 @@ func (v *csiVolume) snapshot(t *testing.T) *csiSnap {
 	}
 	removeImageOnCleanup(t, c.ioctx, s.clone)
 	clone := c.openImage(t, s.clone)
+	s.cloneImg = clone
 	// Ceph-CSI copies an encrypted volume's encryption config to the clone.
 	if v.header != 0 {
 		csiSetMetadata(t, clone, map[string]string{"rbd.csi.ceph.com/encrypted": "encrypted", "rbd.csi.ceph.com/dek": csiDEK(t)})

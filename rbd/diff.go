@@ -38,6 +38,9 @@ type Diff struct {
 	capacity int64 // as the user sees the volume: the image minus header
 	header   int64 // LUKS header before the user's data; 0 unless encrypted
 	closed   bool
+	// lineages of the target and the base, as they were at open; Iterate
+	// succeeds only if they still hold at its end (lineage.go).
+	lineages []lineage
 }
 
 // open opens the pool and the image, looks up the snapshot IDs, sets the
@@ -84,6 +87,9 @@ func (d *Diff) open() error {
 		if b.snapID >= t.snapID {
 			return fmt.Errorf("base snapshot %s is not older than target snapshot %s: %w", b, t, fs.ErrInvalid)
 		}
+	}
+	if err := d.recordLineages(); err != nil {
+		return err
 	}
 
 	// By ID, so that snapshots without a usable name (in the trash) work.
@@ -229,8 +235,13 @@ const errStop = -int(syscall.ECANCELED)
 // stretch without extents (up to about 80 µs per object without fast-diff)
 // is not interrupted.
 //
+// Before it returns nil, Iterate reads the snapshots' lineages again
+// (lineage.go): a snapshot removed meanwhile is fs.ErrNotExist, a parent
+// link changed meanwhile (a flatten) an error whose Aborted method returns
+// true, since the extents may then miss changes.
+//
 // An offset outside [0, Capacity()] is fs.ErrInvalid; Capacity() itself
-// yields nothing. A delta needs librbd's rbd_diff_iterate3 (Ceph reef
+// yields nothing (once the lineages are confirmed). A delta needs librbd's rbd_diff_iterate3 (Ceph reef
 // 18.2+) unless the base snapshot has a name; without either it is
 // errors.ErrUnsupported.
 //
@@ -250,7 +261,7 @@ func (d *Diff) Iterate(ctx context.Context, offset int64, fn func(offset, length
 		return err
 	}
 	if offset == d.capacity {
-		return nil
+		return d.confirmLineages()
 	}
 
 	var (
@@ -310,6 +321,11 @@ func (d *Diff) Iterate(ctx context.Context, offset int64, fn func(offset, length
 		}
 		if kept != nil {
 			return kept
+		}
+		if err == nil {
+			// Every extent is out: only now may the answer be taken as
+			// complete, if the snapshots it was read from outlived it.
+			err = d.confirmLineages()
 		}
 		d.discardConnOnTimeout(err)
 		return err

@@ -56,7 +56,10 @@
 // wrapping the standard sentinels, tested with errors.Is:
 //
 //	fs.ErrNotExist          cluster ID, pool, namespace, image or snapshot unknown;
-//	                        a handle that names a volume or nothing
+//	                        a handle that names a volume or nothing; from
+//	                        Iterate, a snapshot removed while it ran
+//	Aborted() bool          an error with this method (returning true): a
+//	                        parent link of a snapshot changed while Iterate ran
 //	fs.ErrInvalid           malformed ID, secrets missing, base not older than
 //	                        target, snapshots of different volumes, bad offset
 //	fs.ErrPermission        the cephx user lacks caps; a refused login (wrong
