@@ -160,6 +160,11 @@ func (r *streamRun) reopen(ctx context.Context, cause error) error {
 				klog.FromContext(ctx).V(4).Info("Closing a re-opened diff failed", "err", cerr)
 			}
 			return fmt.Errorf(msgCapacityChanged, r.capacity, c)
+		case err == nil && lineageOf(diff) != r.lineage:
+			if cerr := diff.Close(); cerr != nil {
+				klog.FromContext(ctx).V(4).Info("Closing a re-opened diff failed", "err", cerr)
+			}
+			return errLineageChanged{}
 		case err == nil:
 			r.diff = diff
 			return nil
@@ -171,6 +176,29 @@ func (r *streamRun) reopen(ctx context.Context, cause error) error {
 		last = err
 	}
 }
+
+// Lineager is implemented by a Diff that names what it reads: its
+// snapshots and their parent snapshots, by ID (rbd's Diff.Lineage). A
+// re-opened Diff must read what the first one read: had a parent been
+// flattened away in between, say, what was sent before the seam may have
+// been read from a parent snapshot that was being trimmed, and only the
+// first Diff's own check at its end could have told.
+type Lineager interface{ Lineage() string }
+
+func lineageOf(diff Diff) string {
+	if l, ok := diff.(Lineager); ok {
+		return l.Lineage()
+	}
+	return ""
+}
+
+// errLineageChanged ends a stream whose re-opened Diff reads other
+// snapshots than the first: ABORTED, since asking again gives a right
+// answer.
+type errLineageChanged struct{}
+
+func (errLineageChanged) Error() string { return msgLineageChanged }
+func (errLineageChanged) Aborted() bool { return true }
 
 // closeDiff closes the failed diff before a re-open, keeping what precise
 // mode did in it for the stream's summary.

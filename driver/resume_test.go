@@ -312,6 +312,47 @@ func TestResumeEnds(t *testing.T) {
 	}
 }
 
+// TestResumeRefusesAnotherLineage: a re-opened diff that reads other
+// snapshots than the first (a parent flattened away meanwhile) ends the
+// stream ABORTED, without a tuple of it; the same lineage resumes.
+func TestResumeRefusesAnotherLineage(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		lineage  func(n int) string
+		wantCode codes.Code
+	}{
+		{"same", func(int) string { return "rbd/id:1@4 <- rbd/id:0@2" }, codes.OK},
+		{"flattened", func(n int) string { return []string{"rbd/id:1@4 <- rbd/id:0@2", "rbd/id:1@4"}[min(n, 1)] }, codes.Aborted},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			src, ext := bigVolume(1000)
+			src.Lineage = tc.lineage
+			src.BeforeExtent = func(_ context.Context, i int) error {
+				if i == 500 && src.OpenCalls() == 1 {
+					return drivertest.TemporaryError{Why: "connection reset"}
+				}
+				return nil
+			}
+			d, err := driver.New(src, driver.Options{Name: "x", BlockMetadataType: csi.BlockMetadataType_VARIABLE_LENGTH, ResumeBudget: time.Minute,
+				NewBackOff: func() backoff.BackOff { return backoff.NewConstantBackOff(10 * time.Millisecond) }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r, err := allocated(t, serve(t, d), &csi.GetMetadataAllocatedRequest{SnapshotId: "big", MaxResults: 100})
+			if status.Code(err) != tc.wantCode {
+				t.Fatalf("got %v, want %v", err, tc.wantCode)
+			}
+			if tc.wantCode == codes.OK && cmp.Diff(ext, r.tuples) != "" {
+				t.Fatalf("resumed with the same lineage: %d tuples, want %d", len(r.tuples), len(ext))
+			}
+			if tc.wantCode != codes.OK && len(r.tuples) > 500 {
+				t.Fatalf("%d tuples: sent beyond the seam", len(r.tuples))
+			}
+			waitClosed(t, src)
+		})
+	}
+}
+
 // TestResumeCancelAndStallDuringBackoff: a cancel, and a client that
 // takes no page for the stall timeout, end a stream at once while it backs
 // off (here for an hour).

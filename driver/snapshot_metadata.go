@@ -63,6 +63,7 @@ type streamRun struct {
 	start    int64
 	diff     Diff // nil after a failed re-open
 	capacity int64
+	lineage  string // the first diff's (Lineager); a re-open must match
 	p        *pager
 	snd      *sender
 	addErr   error         // the pager's error: the client's side failed
@@ -91,7 +92,7 @@ func (d *Driver) stream(ctx context.Context, method string, req OpenRequest, sta
 			err = toStatus(fmt.Errorf("close snapshot: %w", cerr))
 		}
 	}()
-	r.capacity = r.diff.Capacity()
+	r.capacity, r.lineage = r.diff.Capacity(), lineageOf(r.diff)
 	if start > r.capacity {
 		return status.Errorf(codes.OutOfRange, msgOffsetBeyondSize, start, r.capacity)
 	}

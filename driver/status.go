@@ -26,6 +26,8 @@ const (
 		"resume from the byte after the last tuple received"
 	msgResumeBudget = "the stream's diff kept failing, and the server gave up resuming it after its --resume-budget of %v: " +
 		"it tried for %v (%d re-opens in the last outage); resume from the byte after the last tuple received. Last error: %v"
+	msgLineageChanged = "the snapshots' parents changed while the stream was being resumed (a parent flattened meanwhile?), " +
+		"so what was sent may miss changes: ask again"
 	msgCapacityChanged = "the snapshot's size changed from %d to %d bytes between two opens of one stream; snapshots are immutable"
 )
 

@@ -43,6 +43,9 @@ type Source struct {
 	// OpenHook, when set, runs before each Open, given how many Opens came
 	// before; an error from it fails that Open.
 	OpenHook func(ctx context.Context, n int) error
+	// Lineage, when set, makes the n-th Open's diff a driver.Lineager
+	// that names Lineage(n).
+	Lineage func(n int) string
 }
 
 // TemporaryError is an error that goes away by itself (see driver.Source).
@@ -100,11 +103,21 @@ func (s *Source) Open(ctx context.Context, req driver.OpenRequest) (driver.Diff,
 	s.open++
 	s.opened++
 	d := &diff{src: s, capacity: v.Capacity, extents: ext, obj: v.ObjectSize}
+	if s.Lineage != nil {
+		return lineageDiff{d, s.Lineage(n)}, nil
+	}
 	if d.obj > 0 {
 		return objectDiff{d}, nil
 	}
 	return d, nil
 }
+
+type lineageDiff struct {
+	*diff
+	lineage string
+}
+
+func (d lineageDiff) Lineage() string { return d.lineage }
 
 // OpenDiffs counts the diffs opened and not yet closed.
 func (s *Source) OpenDiffs() int { s.mu.Lock(); defer s.mu.Unlock(); return s.open }
