@@ -37,7 +37,7 @@ func readHeader(ioctx *rados.IOContext, imageID string, snap uint64) (header, er
 	sc := op.Exec("rbd", "get_snapcontext", nil)
 	pg := op.Exec("rbd", "parent_get", nil)
 	po := op.Exec("rbd", "parent_overlap_get", binary.LittleEndian.AppendUint64(nil, snap))
-	err := op.Operate(ioctx, oid, rados.OperationNoFlag)
+	err := opError(op.Operate(ioctx, oid, rados.OperationNoFlag))
 	if err != nil {
 		if !errors.Is(err, rados.ErrNotFound) {
 			return header{}, err
@@ -46,7 +46,7 @@ func readHeader(ioctx *rados.IOContext, imageID string, snap uint64) (header, er
 		op2 := rados.CreateReadOp()
 		defer op2.Release()
 		sc2 := op2.Exec("rbd", "get_snapcontext", nil)
-		if err2 := op2.Operate(ioctx, oid, rados.OperationNoFlag); err2 != nil {
+		if err2 := opError(op2.Operate(ioctx, oid, rados.OperationNoFlag)); err2 != nil {
 			return header{}, err2
 		}
 		h, derr := snapContext(sc2)
@@ -78,6 +78,16 @@ func readHeader(ioctx *rados.IOContext, imageID string, snap uint64) (header, er
 	}
 	h.hasParent = h.parent.poolID >= 0
 	return h, nil
+}
+
+// opError returns the error of a compound operation as a whole: go-ceph's
+// OperationError carries it (and each step's) without unwrapping to it.
+func opError(err error) error {
+	var oe rados.OperationError
+	if errors.As(err, &oe) && oe.OpError != nil {
+		return oe.OpError
+	}
+	return err
 }
 
 // snapContext decodes get_snapcontext's answer: the snap_seq (u64), then
