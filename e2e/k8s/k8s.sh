@@ -30,17 +30,19 @@ STATE=${RSM_K8S_STATE:-/var/tmp/rsm-k8s-up}
 # The pins. The go.mod files hold the same versions; these name what to build.
 ETCD=v3.6.5       # go.etcd.io/etcd/server/v3
 K8S=v1.34.2       # k8s.io/kubernetes; its staging modules replaced by v0.34.2
-ESM=v1.0.0        # external-snapshot-metadata; client replaced by client@v1.0.0
-# The lister of ESM v1.0.0 (tools/snapshot-metadata-lister) is a nested
-# module that pins ESM v0.2.0, whose SnapshotMetadataService API is v1alpha1:
-# it would not find the v1beta1 CR the v1.0.0 sidecar reads. Its main.go is
-# byte-identical to v0.2.0's examples/snapshot-metadata-lister/main.go, which
-# is in the v0.2.0 module zip: build that file against ESM v1.0.0.
+ESM=v1.1.0        # external-snapshot-metadata; client replaced by client@v1.0.0
+# The lister of ESM v1.1.0 (tools/snapshot-metadata-lister, unchanged since
+# v1.0.0) is a nested module that pins ESM v0.2.0, whose
+# SnapshotMetadataService API is v1alpha1: it would not find the v1beta1 CR
+# the v1.1.0 sidecar reads. Its main.go is byte-identical to v0.2.0's
+# examples/snapshot-metadata-lister/main.go, which is in the v0.2.0 module
+# zip: build that file against ESM v1.1.0.
 LISTER_FROM=github.com/kubernetes-csi/external-snapshot-metadata@v0.2.0
 LISTER_SHA256=42da2a518846b11b498830d3ed88abbf7995d7861fa3afc191d3be96f711a55c
-# CRDs: VolumeSnapshot* from the external-snapshotter client ESM v1.0.0 uses,
-# SnapshotMetadataService (v1beta1) from ESM's client.
-SNAP_CLIENT=github.com/kubernetes-csi/external-snapshotter/client/v8@v8.4.0
+# CRDs: VolumeSnapshot* from the external-snapshotter client ESM v1.1.0 uses,
+# SnapshotMetadataService (v1beta1) from ESM's client (its v1.1.0 tag's
+# client/ is identical to client@v1.0.0, which the proxy serves).
+SNAP_CLIENT=github.com/kubernetes-csi/external-snapshotter/client/v8@v8.6.0
 ESM_CLIENT=github.com/kubernetes-csi/external-snapshot-metadata/client@v1.0.0
 BUILD_REV=1       # bump when the build commands below change
 
