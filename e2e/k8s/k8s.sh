@@ -14,6 +14,10 @@
 #   e2e/k8s/k8s.sh down      let a held run end (it stops what it started)
 #   e2e/k8s/k8s.sh tidy      regenerate the go.mod/go.sum files (module proxy)
 #   e2e/k8s/k8s.sh clean     remove cached builds of other pins
+#   e2e/k8s/k8s.sh helm      build helm (helm/go.mod, for deploy/helm's chart in
+#                            k8s_deploy_test.go) or find it in the cache; print
+#                            its folder ($RSM_K8S_CACHE/helm-<hash>)
+#   e2e/k8s/k8s.sh helm-tidy regenerate helm/go.mod and go.sum
 #
 # The build takes ~5 min with cold Go caches on 2 cores (~1 GB of modules);
 # its output lives in $RSM_K8S_CACHE/<hash of the pins, go.sum files and Go
@@ -132,7 +136,7 @@ clean() {
   local k d
   k=$(key)
   for d in "$CACHE"/*/; do
-    [ -d "$d" ] && [ "$(basename "$d")" != "$k" ] && { rm -rf "$d"; log "removed $d"; }
+    [ -d "$d" ] && [ "$(basename "$d")" != "$k" ] && [ "$(basename "$d")" != "helm-$(helm_key)" ] && { rm -rf "$d"; log "removed $d"; }
   done
   return 0
 }
@@ -168,9 +172,62 @@ down() {
   tail -n 5 "$STATE/run.log" >&2
 }
 
+# ---- helm: a build of its own (its own cache key and folder), for the
+# chart in deploy/helm, which k8s_deploy_test.go renders, installs and
+# upgrades with it. Built from helm.sh/helm/v3's cmd/helm as helm's Makefile
+# builds a release (CGO off, -trimpath, the version and Kubernetes version
+# ldflags); helm/go.mod pins it and everything it needs.
+HELM=v3.22.0      # helm.sh/helm/v3
+HELM_K8S_MINOR=37 # its k8s.io/client-go v0.37.x: helm's default capabilities
+HELM_BUILD_REV=1  # bump when helm_build's commands change
+
+helm_key() {
+  {
+    go env GOVERSION GOOS GOARCH
+    echo "$HELM_BUILD_REV $HELM $HELM_K8S_MINOR"
+    (cd "$HERE" && sha256sum helm/*)
+  } | sha256sum | cut -c1-16
+}
+
+helm_build() {
+  local out t0 x=helm.sh/helm/v3
+  out=$CACHE/helm-$(helm_key)
+  [ -f "$out/.complete" ] && { echo "$out"; return; }
+  mkdir -p "$CACHE"
+  exec 7>"$CACHE/.helm.lock"
+  flock -w 1800 7 || die "timed out waiting for $CACHE/.helm.lock"
+  [ -f "$out/.complete" ] && { echo "$out"; return; }
+  t0=$(now)
+  htmp=$(mktemp -d "$CACHE/.tmp-helm.XXXXXX")   # global: the EXIT trap needs it
+  trap 'rm -rf "$htmp"' EXIT
+  cp -r "$HERE/helm" "$htmp/src"
+  log "building helm $HELM into $out (a few minutes when Go's caches are cold)"
+  (cd "$htmp/src" && CGO_ENABLED=0 go build -trimpath -o "$htmp/bin/helm" -ldflags "-s -w \
+    -X $x/internal/version.version=$HELM -X $x/internal/version.metadata= -X $x/internal/version.gitTreeState=clean \
+    -X $x/pkg/lint/rules.k8sVersionMajor=1 -X $x/pkg/lint/rules.k8sVersionMinor=$HELM_K8S_MINOR \
+    -X $x/pkg/chartutil.k8sVersionMajor=1 -X $x/pkg/chartutil.k8sVersionMinor=$HELM_K8S_MINOR" $x/cmd/helm) ||
+    die "building helm failed (needs the Go module proxy when the module cache is cold)"
+  "$htmp/bin/helm" version --short | grep -qx "$HELM" || die "the helm built says $("$htmp/bin/helm" version --short), want $HELM"
+  printf 'helm %s\n%s\n' "$HELM" "$(go env GOVERSION)" >"$htmp/bin/VERSIONS"
+  touch "$htmp/bin/.complete"
+  rm -rf "$out"
+  mv "$htmp/bin" "$out"
+  log "built helm into $out in $(since "$t0")"
+  echo "$out"
+}
+
+helm_tidy() {
+  htmp=$(mktemp -d); trap 'rm -rf "$htmp"' EXIT
+  cp "$HERE"/helm/go.mod "$htmp/"
+  (cd "$htmp" && go mod tidy) || die "go mod tidy in helm failed"
+  cp "$htmp"/go.{mod,sum} "$HERE/helm/"
+}
+
 case "${1:-}" in
 build) build ;;
 dir) d=$CACHE/$(key); [ -f "$d/.complete" ] || die "not built: $d"; echo "$d" ;;
 up | down | tidy | clean) "$1" ;;
+helm) helm_build ;;
+helm-tidy) helm_tidy ;;
 *) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac
