@@ -26,6 +26,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -42,7 +43,7 @@ import (
 const (
 	ourContainer     = "rbd-snapshot-metadata"
 	sidecarContainer = "csi-snapshot-metadata"
-	sidecarImage     = "registry.k8s.io/sig-storage/csi-snapshot-metadata:v1.0.0"
+	sidecarImage     = "registry.k8s.io/sig-storage/csi-snapshot-metadata:v1.1.0"
 	serviceName      = "csi-rbdplugin-snapshot-metadata"
 	metricsService   = "rbd-snapshot-metadata-metrics"
 	metricsPort      = 9191
@@ -57,7 +58,7 @@ func sidecarRole(ns string) string { return "rbd-snapshot-metadata:" + ns + ":si
 func clientRole(ns string) string  { return "rbd-snapshot-metadata:" + ns + ":client" }
 
 // SnapshotMetadataService mirrors the CRD cbt.storage.k8s.io/v1beta1 of
-// external-snapshot-metadata v1.0.0: unknown fields fail the strict decode.
+// external-snapshot-metadata v1.1.0: unknown fields fail the strict decode.
 type SnapshotMetadataService struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata"`
@@ -539,6 +540,17 @@ func check(t *testing.T, objs *objects) {
 	}
 	if rp := side.ReadinessProbe; rp == nil || rp.HTTPGet == nil || rp.HTTPGet.Path != "/health" || resolve(side, rp.HTTPGet.Port) != httpPort {
 		t.Errorf("sidecar readiness probe: want GET /health on port %d", httpPort)
+	}
+	// The sidecar's cap on a stream's length (default 10 min) is set, and
+	// longer than our --stall-timeout (default 5m): deploy/README.md, "How
+	// long a stream may last".
+	if m, err := strconv.Atoi(sa["max-streaming-duration-min"]); err != nil || m <= 10 {
+		t.Errorf("sidecar --max-streaming-duration-min=%q: want it set above the default 10", sa["max-streaming-duration-min"])
+	}
+	if st := oa["stall-timeout"]; st != "" {
+		if d, err := time.ParseDuration(st); err != nil || d <= 0 || d >= 10*time.Minute {
+			t.Errorf("--stall-timeout=%s: want it well inside the sidecar's cap", st)
+		}
 	}
 	for _, f := range []string{"tls-cert", "tls-key"} {
 		if sa[f] == "" {

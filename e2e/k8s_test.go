@@ -256,6 +256,56 @@ func TestK8sSidecar(t *testing.T) {
 		t.Logf("as expected, the sidecar does not serve csi.v1.SnapshotMetadata: %v", err)
 	})
 
+	// The sidecar's cap on a stream (--max-streaming-duration-min, 1 here):
+	// its deadline covers the whole call and travels with its call to us.
+	// Our server is stopped (SIGSTOP) so that the call outlasts the cap: the
+	// client must get DEADLINE_EXCEEDED at the cap, never OK, and our server,
+	// once it runs again, must end that call as cancelled by its caller
+	// (its deadline is relative, so our server cannot tell it has passed:
+	// the sidecar's cancellation ends it).
+	t.Run("stream-cap", func(t *testing.T) {
+		if os.Getenv("RSM_K8S_HOLD") != "" {
+			t.Skip("held run: no one-minute wait")
+		}
+		// Our server's end of the capped call: cancelled by the caller. (The
+		// call's message may not even be read: no "Request" line then.)
+		cancelled := func() int {
+			n := 0
+			for _, l := range strings.Split(srv.log(), "\n") {
+				if strings.Contains(l, "/csi.v1.SnapshotMetadata/GetMetadataAllocated") && strings.Contains(l, `code="Canceled"`) {
+					n++
+				}
+			}
+			return n
+		}
+		n := cancelled()
+		if err := srv.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		stopped := true
+		cont := func() {
+			if stopped {
+				_ = srv.cmd.Process.Signal(syscall.SIGCONT)
+				stopped = false
+			}
+		}
+		defer cont()
+		t0 := time.Now()
+		out, err := k.lister(t, k8sBackupSA, "-s", "snap-a1")
+		took := time.Since(t0)
+		cont()
+		if err == nil || !strings.Contains(out, "DeadlineExceeded") {
+			t.Fatalf("a call beyond the sidecar's cap: %v\n%s\nwant DeadlineExceeded", err, out)
+		}
+		if took < time.Minute {
+			t.Errorf("the lister got DeadlineExceeded after %v, before the 1 min cap", took)
+		}
+		t.Logf("at the cap (1 min) the client got, after %.1fs: %s", took.Seconds(), lastLine(out))
+		waitFor(t, "our server's end of the capped call (Canceled)", 30*time.Second, func() bool {
+			return cancelled() > n
+		})
+	})
+
 	if os.Getenv("RSM_K8S_HOLD") != "" {
 		k.hold(t)
 	}
@@ -887,7 +937,10 @@ func (k *k8sEnv) startSidecar(t *testing.T, name, sock string, grpcPort, healthP
 		// The gRPC port has no bind flag: it listens on all interfaces.
 		// The HTTP endpoint defaults to :8080; keep it on 127.0.0.1.
 		fmt.Sprintf("--port=%d", grpcPort), fmt.Sprintf("--http-endpoint=127.0.0.1:%d", healthPort),
-		"--timeout=30s", "--v=5")
+		"--timeout=30s", "--v=5",
+		// The cap on a stream's length, at its least (whole minutes):
+		// TestK8sSidecar's stream-cap reaches it.
+		"--max-streaming-duration-min=1")
 }
 
 // healthy reports whether the sidecar's /health answers 200.

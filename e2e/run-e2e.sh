@@ -34,6 +34,15 @@ else
   export RSM_CSI_OPERATOR_BUILD_ERROR="e2e/k8s/k8s.sh csi-operator failed (exit $?; its output is above)"
   echo "run-e2e: $RSM_CSI_OPERATOR_BUILD_ERROR" >&2
 fi
+# helm, for the chart's test (k8s_helm_test.go): a build and cache of its own.
+if RSM_HELM_BIN=$("$HERE/k8s/k8s.sh" helm); then
+  export RSM_HELM_BIN
+  export RSM_BIND="$RSM_HELM_BIN${RSM_BIND:+ $RSM_BIND}"
+else
+  unset RSM_HELM_BIN
+  export RSM_HELM_BUILD_ERROR="e2e/k8s/k8s.sh helm failed (exit $?; its output is above)"
+  echo "run-e2e: $RSM_HELM_BUILD_ERROR" >&2
+fi
 # The deploy test (k8s_deploy_test.go) applies deploy/'s examples over
 # Ceph-CSI's real manifests, reference data in shared/ next to the checkout.
 export RSM_BIND="$PWD/deploy${RSM_BIND:+ $RSM_BIND}"

@@ -19,6 +19,10 @@
 #                            which also holds the manifests a user applies
 #                            csi-operator/install.yaml and rook/*.yaml
 #   e2e/k8s/k8s.sh csi-operator-dir  print that folder if it is built; exit 1 if not
+#   e2e/k8s/k8s.sh helm      build helm (helm/go.mod, for deploy/helm's chart in
+#                            k8s_deploy_test.go) or find it in the cache; print
+#                            its folder ($RSM_K8S_CACHE/helm-<hash>)
+#   e2e/k8s/k8s.sh helm-tidy regenerate helm/go.mod and go.sum
 #
 # The build takes ~5 min with cold Go caches on 2 cores (~1 GB of modules);
 # its output lives in $RSM_K8S_CACHE/<hash of the pins, go.sum files and Go
@@ -35,17 +39,19 @@ STATE=${RSM_K8S_STATE:-/var/tmp/rsm-k8s-up}
 # The pins. The go.mod files hold the same versions; these name what to build.
 ETCD=v3.6.5       # go.etcd.io/etcd/server/v3
 K8S=v1.34.2       # k8s.io/kubernetes; its staging modules replaced by v0.34.2
-ESM=v1.0.0        # external-snapshot-metadata; client replaced by client@v1.0.0
-# The lister of ESM v1.0.0 (tools/snapshot-metadata-lister) is a nested
-# module that pins ESM v0.2.0, whose SnapshotMetadataService API is v1alpha1:
-# it would not find the v1beta1 CR the v1.0.0 sidecar reads. Its main.go is
-# byte-identical to v0.2.0's examples/snapshot-metadata-lister/main.go, which
-# is in the v0.2.0 module zip: build that file against ESM v1.0.0.
+ESM=v1.1.0        # external-snapshot-metadata; client replaced by client@v1.0.0
+# The lister of ESM v1.1.0 (tools/snapshot-metadata-lister, unchanged since
+# v1.0.0) is a nested module that pins ESM v0.2.0, whose
+# SnapshotMetadataService API is v1alpha1: it would not find the v1beta1 CR
+# the v1.1.0 sidecar reads. Its main.go is byte-identical to v0.2.0's
+# examples/snapshot-metadata-lister/main.go, which is in the v0.2.0 module
+# zip: build that file against ESM v1.1.0.
 LISTER_FROM=github.com/kubernetes-csi/external-snapshot-metadata@v0.2.0
 LISTER_SHA256=42da2a518846b11b498830d3ed88abbf7995d7861fa3afc191d3be96f711a55c
-# CRDs: VolumeSnapshot* from the external-snapshotter client ESM v1.0.0 uses,
-# SnapshotMetadataService (v1beta1) from ESM's client.
-SNAP_CLIENT=github.com/kubernetes-csi/external-snapshotter/client/v8@v8.4.0
+# CRDs: VolumeSnapshot* from the external-snapshotter client ESM v1.1.0 uses,
+# SnapshotMetadataService (v1beta1) from ESM's client (its v1.1.0 tag's
+# client/ is identical to client@v1.0.0, which the proxy serves).
+SNAP_CLIENT=github.com/kubernetes-csi/external-snapshotter/client/v8@v8.6.0
 ESM_CLIENT=github.com/kubernetes-csi/external-snapshot-metadata/client@v1.0.0
 BUILD_REV=1       # bump when the build commands below change
 
@@ -136,7 +142,7 @@ clean() {
   k=$(key)
   for d in "$CACHE"/*/; do
     [ -d "$d" ] && [ "$(basename "$d")" != "$k" ] && [ "$(basename "$d")" != "csi-operator-$(csiop_key)" ] &&
-      { rm -rf "$d"; log "removed $d"; }
+      [ "$(basename "$d")" != "helm-$(helm_key)" ] && { rm -rf "$d"; log "removed $d"; }
   done
   return 0
 }
@@ -232,11 +238,64 @@ down() {
   tail -n 5 "$STATE/run.log" >&2
 }
 
+# ---- helm: a build of its own (its own cache key and folder), for the
+# chart in deploy/helm, which k8s_deploy_test.go renders, installs and
+# upgrades with it. Built from helm.sh/helm/v3's cmd/helm as helm's Makefile
+# builds a release (CGO off, -trimpath, the version and Kubernetes version
+# ldflags); helm/go.mod pins it and everything it needs.
+HELM=v3.22.0      # helm.sh/helm/v3
+HELM_K8S_MINOR=37 # its k8s.io/client-go v0.37.x: helm's default capabilities
+HELM_BUILD_REV=1  # bump when helm_build's commands change
+
+helm_key() {
+  {
+    go env GOVERSION GOOS GOARCH
+    echo "$HELM_BUILD_REV $HELM $HELM_K8S_MINOR"
+    (cd "$HERE" && sha256sum helm/*)
+  } | sha256sum | cut -c1-16
+}
+
+helm_build() {
+  local out t0 x=helm.sh/helm/v3
+  out=$CACHE/helm-$(helm_key)
+  [ -f "$out/.complete" ] && { echo "$out"; return; }
+  mkdir -p "$CACHE"
+  exec 7>"$CACHE/.helm.lock"
+  flock -w 1800 7 || die "timed out waiting for $CACHE/.helm.lock"
+  [ -f "$out/.complete" ] && { echo "$out"; return; }
+  t0=$(now)
+  htmp=$(mktemp -d "$CACHE/.tmp-helm.XXXXXX")   # global: the EXIT trap needs it
+  trap 'rm -rf "$htmp"' EXIT
+  cp -r "$HERE/helm" "$htmp/src"
+  log "building helm $HELM into $out (a few minutes when Go's caches are cold)"
+  (cd "$htmp/src" && CGO_ENABLED=0 go build -trimpath -o "$htmp/bin/helm" -ldflags "-s -w \
+    -X $x/internal/version.version=$HELM -X $x/internal/version.metadata= -X $x/internal/version.gitTreeState=clean \
+    -X $x/pkg/lint/rules.k8sVersionMajor=1 -X $x/pkg/lint/rules.k8sVersionMinor=$HELM_K8S_MINOR \
+    -X $x/pkg/chartutil.k8sVersionMajor=1 -X $x/pkg/chartutil.k8sVersionMinor=$HELM_K8S_MINOR" $x/cmd/helm) ||
+    die "building helm failed (needs the Go module proxy when the module cache is cold)"
+  "$htmp/bin/helm" version --short | grep -qx "$HELM" || die "the helm built says $("$htmp/bin/helm" version --short), want $HELM"
+  printf 'helm %s\n%s\n' "$HELM" "$(go env GOVERSION)" >"$htmp/bin/VERSIONS"
+  touch "$htmp/bin/.complete"
+  rm -rf "$out"
+  mv "$htmp/bin" "$out"
+  log "built helm into $out in $(since "$t0")"
+  echo "$out"
+}
+
+helm_tidy() {
+  htmp=$(mktemp -d); trap 'rm -rf "$htmp"' EXIT
+  cp "$HERE"/helm/go.mod "$htmp/"
+  (cd "$htmp" && go mod tidy) || die "go mod tidy in helm failed"
+  cp "$htmp"/go.{mod,sum} "$HERE/helm/"
+}
+
 case "${1:-}" in
 build) build ;;
 dir) d=$CACHE/$(key); [ -f "$d/.complete" ] || die "not built: $d"; echo "$d" ;;
 up | down | tidy | clean) "$1" ;;
 csi-operator) csiop_build ;;
 csi-operator-dir) d=$CACHE/csi-operator-$(csiop_key); [ -f "$d/.complete" ] || die "not built: $d"; echo "$d" ;;
+helm) helm_build ;;
+helm-tidy) helm_tidy ;;
 *) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac
