@@ -95,6 +95,11 @@ type preciseTotals struct {
 	// (FAILED_PRECONDITION) or answered, with the bytes missed.
 	migrations, migRefused, migAnswered int
 	migMissed                           int64
+	// Concurrent removals: Deltas whose base or target went while they
+	// ran, per mode, refused (NOT_FOUND) or answered, with the bytes
+	// missed.
+	removals, remRefused, remAnswered int
+	remMissed                         int64
 }
 
 // preciseOffsetTally sums one mode's Iterate calls from an offset inside
@@ -172,6 +177,7 @@ func TestPreciseOracle(t *testing.T) { testPreciseOracle(t, imageFeatures) }
 func TestPreciseOracleLayering(t *testing.T) { testPreciseOracle(t, rbd.FeatureLayering) }
 
 func testPreciseOracle(t *testing.T, features uint64) {
+	fastSnapTrim(t) // for the concurrent removals
 	conn := connectAdmin(t)
 	ioctx := openIOContext(t, conn, pool, "")
 	zero := preciseZeroer(t)
@@ -188,6 +194,7 @@ func testPreciseOracle(t *testing.T, features uint64) {
 			built := time.Now()
 			h := w.check(srcs, tot)
 			w.migrate(srcs, tot)
+			w.removeDuring(srcs, tot)
 			p := w.images[len(w.images)-1]
 			t.Logf("%v: %d images, the last of %d objects of %d KiB, %d snapshots, %d queries per mode; history %v, checks %v; Allocated / Delta ratio: %s",
 				w.kindList(), len(w.images), (p.size+p.objSize-1)/p.objSize, p.objSize>>10, len(p.snaps), h.queries[0]+h.queries[1],
@@ -281,6 +288,10 @@ func (tot *preciseTotals) table() string {
 		fmt.Fprintf(&b, "\nimages prepared for migration: %d; queries refused with FAILED_PRECONDITION: %d, answered: %d (missed bytes %d)\n",
 			tot.migrations, tot.migRefused, tot.migAnswered, tot.migMissed)
 	}
+	if tot.removals > 0 {
+		fmt.Fprintf(&b, "\nsnapshots removed while a Delta of every mode ran: %d; Deltas that failed with NOT_FOUND: %d, answered: %d (missed bytes %d)\n",
+			tot.removals, tot.remRefused, tot.remAnswered, tot.remMissed)
+	}
 	return b.String()
 }
 
@@ -341,6 +352,7 @@ type preciseWorkload struct {
 	zeroed    bool              // a write-zeroes was checked to zero
 	format1   bool              // the first image is of format 1
 	migrating bool              // migrate prepares a migration once checked
+	removing  bool              // removeDuring removes a snapshot under running Deltas
 	allPairs  bool              // check every Delta, not a sample
 }
 
@@ -583,6 +595,8 @@ func (w *preciseWorkload) run() {
 	}
 	if w.migrating = cli && w.seed%6 == 4; w.migrating {
 		w.kind("migration")
+	} else if w.removing = w.seed%3 == 2 && len(p.snaps) >= 2; w.removing {
+		w.kind("concurrent removal")
 	}
 }
 
@@ -633,23 +647,7 @@ type preciseExtent struct{ off, len int64 }
 func (w *preciseWorkload) query(src *rsm.Source, p *preciseImage, base, target string, mode string, offsets ...int64) ([][]preciseExtent, time.Duration, rsm.PreciseStats) {
 	t := w.t
 	t.Helper()
-	cid := w.clusterID
-	if cid == "" {
-		cid = "rsm-e2e"
-	}
-	img := pool + "/" + p.name
-	if w.ns != "" {
-		img = pool + "/" + w.ns + "/" + p.name
-	}
-	id := func(s string) string { return cid + "/" + img + "@" + s }
-	secrets := w.secrets
-	if secrets == nil {
-		secrets = preciseSecrets(t)
-	}
-	req := rsm.Request{Target: id(target), Secrets: secrets}
-	if base != "" {
-		req.Base = id(base)
-	}
+	req := w.request(p, base, target)
 	if len(offsets) == 0 {
 		offsets = []int64{0}
 	}
@@ -683,6 +681,28 @@ func (w *preciseWorkload) query(src *rsm.Source, p *preciseImage, base, target s
 		all = append(all, got)
 	}
 	return all, dur, d.PreciseStats()
+}
+
+// request is the request of a query of p: base empty for Allocated.
+func (w *preciseWorkload) request(p *preciseImage, base, target string) rsm.Request {
+	cid := w.clusterID
+	if cid == "" {
+		cid = "rsm-e2e"
+	}
+	img := pool + "/" + p.name
+	if w.ns != "" {
+		img = pool + "/" + w.ns + "/" + p.name
+	}
+	id := func(s string) string { return cid + "/" + img + "@" + s }
+	secrets := w.secrets
+	if secrets == nil {
+		secrets = preciseSecrets(w.t)
+	}
+	req := rsm.Request{Target: id(target), Secrets: secrets}
+	if base != "" {
+		req.Base = id(base)
+	}
+	return req
 }
 
 // check runs the queries of pairs on the last image, in each mode, against
