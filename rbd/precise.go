@@ -176,9 +176,8 @@ type refiner struct {
 	// time (see pipeline.walk).
 	walk bool
 	// walkMode is Options.Walk; walked what the last walk did (WalkList
-	// or WalkProbe), listed how many ranges its listing found.
+	// or WalkProbe).
 	walkMode, walked string
-	listed           atomic.Int64
 	listErr          string // why WalkList probed instead
 
 	conn   *rados.Conn
