@@ -480,7 +480,7 @@ func (r *refiner) pipeline(ctx context.Context, off, length uint64, existing []s
 		// Every object is a candidate: nothing to force.
 		p := newPipeline(ctx, r.top.objSize, preciseWalkWindow, skipGone, refine, emit, r.fellBack)
 		if r.base != nil {
-			p.refine, p.batch, p.max = r.walkDelta, walkBatch, walkDeltaWindow
+			p.refine, p.batch, p.width = r.walkDelta, walkBatch, walkDeltaWindow
 		}
 		return p
 	}
