@@ -7,6 +7,9 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -99,4 +102,71 @@ func list(t *testing.T, pattern string) []listed {
 		t.Fatalf("go list %s: no packages", pattern)
 	}
 	return pkgs
+}
+
+// TestE2EIndex checks e2e/doc.go's index against the e2e files: each
+// file is listed once, with its Test functions in its order ("(helpers:
+// ...)" for a file without one). The e2e package builds only with its
+// tag, so the index is read as text.
+func TestE2EIndex(t *testing.T) {
+	doc, err := os.ReadFile("e2e/doc.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	entry := regexp.MustCompile(`^//   - (\S+_test\.go): (.*)$`)
+	testName := regexp.MustCompile(`\bTest\w+`)
+	indexed := map[string][]string{}
+	var file, text string
+	flush := func() {
+		if file == "" {
+			return
+		}
+		if _, dup := indexed[file]; dup {
+			t.Errorf("e2e/doc.go lists %s twice", file)
+		}
+		tests := []string{}
+		if !strings.HasPrefix(text, "(") {
+			tests = testName.FindAllString(text, -1)
+		}
+		indexed[file], file, text = tests, "", ""
+	}
+	for _, line := range strings.Split(string(doc), "\n") {
+		switch m := entry.FindStringSubmatch(line); {
+		case m != nil:
+			flush()
+			file, text = m[1], m[2]
+		case file != "" && strings.HasPrefix(line, "//     "):
+			text += " " + strings.TrimPrefix(line, "//     ")
+		default:
+			flush()
+		}
+	}
+
+	files, err := filepath.Glob("e2e/*_test.go")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no e2e test files: %v", err)
+	}
+	funcs := regexp.MustCompile(`(?m)^func (Test\w+)\(`)
+	for _, f := range files {
+		src, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []string{}
+		for _, m := range funcs.FindAllStringSubmatch(string(src), -1) {
+			want = append(want, m[1])
+		}
+		name := filepath.Base(f)
+		got, ok := indexed[name]
+		delete(indexed, name)
+		switch {
+		case !ok:
+			t.Errorf("e2e/doc.go's index does not list %s (tests: %v)", name, want)
+		case !slices.Equal(got, want):
+			t.Errorf("e2e/doc.go's index lists %s with %v, the file has %v", name, got, want)
+		}
+	}
+	for name := range indexed {
+		t.Errorf("e2e/doc.go's index lists %s, which does not exist", name)
+	}
 }
