@@ -183,3 +183,11 @@ func checkConfig(path string) error {
 	_, err = rbd.ParseConfig(b)
 	return err
 }
+
+// The driver finds these by type assertion on its Observer, so losing one
+// would silently drop metrics. They are asserted here, where both packages
+// are imported: metrics knows no driver (it takes report.Refinement).
+var (
+	_ driver.RefinementObserver = (*metrics.Metrics)(nil)
+	_ driver.ResumeObserver     = (*metrics.Metrics)(nil)
+)
