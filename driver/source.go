@@ -7,7 +7,8 @@ import (
 )
 
 // Source opens snapshots for diffing. The rbd package implements it on top
-// of librbd; tests use a fake. It is all the driver knows about Ceph.
+// of librbd, adapted by internal/rbddriver; tests use a fake. It is all the
+// driver knows about Ceph.
 //
 // Errors returned by a Source (from Open, Iterate or Close) are classified
 // with errors.Is against these standard sentinels, so that the Source needs
