@@ -58,7 +58,7 @@ unit() {
 	deps
 	lint
 	# driver, server and client must build and pass without cgo.
-	CGO_ENABLED=0 go test -count=1 ./driver/... ./server/... ./client/... ./metrics/... ./cmd/snapmeta/
+	CGO_ENABLED=0 go test -count=1 ./driver/... ./server/... ./client/... ./metrics/... ./internal/clip/ ./cmd/snapmeta/
 	go test -count=1 -race -tags "$TAGS" ./...
 	# The Kubernetes manifests, in a module of their own (k8s.io deps).
 	(cd deploy && go vet ./... && go test -count=1 ./...)

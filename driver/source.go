@@ -1,9 +1,14 @@
 package driver
 
-import "context"
+import (
+	"context"
+
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/internal/report"
+)
 
 // Source opens snapshots for diffing. The rbd package implements it on top
-// of librbd; tests use a fake. It is all the driver knows about Ceph.
+// of librbd, adapted by internal/rbddriver; tests use a fake. It is all the
+// driver knows about Ceph.
 //
 // Errors returned by a Source (from Open, Iterate or Close) are classified
 // with errors.Is against these standard sentinels, so that the Source needs
@@ -103,29 +108,7 @@ type Refiner interface {
 	Refinement() Refinement
 }
 
-// Refinement is what precise mode did in one stream.
-type Refinement struct {
-	// On is set when the Diff was asked to refine; the rest is zero
-	// otherwise.
-	On bool
-	// Candidates says where a delta's candidate objects came from
-	// ("existence" or "object map"); without a usable object map
-	// (Allocated too) "listing" (the objects RADOS lists) or "walk" (every
-	// object number); otherwise empty.
-	Candidates string
-	// Objects counts the objects refined.
-	Objects int64
-	// Checksummed counts the object queries answered from per-4 KiB
-	// checksums, which make the OSDs read the data, because the pool
-	// refused mapext (an erasure-coded data pool).
-	Checksummed int64
-	// ImageFallback is the short reason why the whole image got librbd's
-	// exact answer instead (for example "striping"), ImageFallbackDetail
-	// the long one; both empty when it was refined.
-	ImageFallback, ImageFallbackDetail string
-	// ObjectFallbacks counts, by short reason, the objects reported whole
-	// because refining them failed; LastObjectFallback is the error of the
-	// last of these.
-	ObjectFallbacks    map[string]int64
-	LastObjectFallback string
-}
+// Refinement is what precise mode did in one stream (see
+// report.Refinement, where it is declared so that metrics, which counts
+// it, needs no driver).
+type Refinement = report.Refinement

@@ -1,19 +1,10 @@
 //go:build e2e
 
-// Package e2e holds the end-to-end tests that run against a real Ceph reef
-// cluster (e2e/cluster.sh) inside the reef root filesystem (e2e/rootfs.sh).
-// Run them with e2e/run-e2e.sh (make e2e), or by hand:
-//
-//	e2e/cluster.sh start /var/tmp/rsm-c && set -a && . /var/tmp/rsm-c/env && set +a
-//	./dev.sh build    # the server tests run bin/rbd-snapshot-metadata
-//	RSM_SERVER_BIN=$PWD/bin/rbd-snapshot-metadata RSM_BIND="/var/tmp/rsm-c $PWD/bin" \
-//	  go test -tags pacific,e2e -count=1 -exec "$PWD/e2e/exec.sh" ./e2e/
-//
-// RSM_E2E_BIG=1 adds the slow variants (TestManyWrites with 2^20 writes).
-//
-// The test binary is built on the host against Debian 12's pacific headers
-// and runs in the rootfs against reef's librbd, which has rbd_diff_iterate3.
 package e2e
+
+// The harness's own tests and its shared helpers: the cluster's
+// environment, connections, images and snapshots. The package's essay and
+// its index of tests are in doc.go.
 
 import (
 	"bytes"

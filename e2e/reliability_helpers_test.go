@@ -34,8 +34,8 @@ import (
 	"k8s.io/klog/v2/textlogger"
 
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/driver"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/internal/rbddriver"
 	rsm "github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd"
-	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd/rbddriver"
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/server"
 )
 

@@ -7,8 +7,9 @@ package e2e
 // request time, and the server itself killed in the middle of a stream.
 // The cluster is shared by every test of the run: every fault is undone
 // in a t.Cleanup (SIGCONT, or the OSD started again), and the test waits
-// until the cluster serves I/O again. This file sorts last, so that these
-// tests run after the others.
+// until the cluster serves I/O again. This file sorts after the other
+// reliability files, so that these tests run after nearly all others
+// (revocation_test.go's TestRevokedKey runs after them).
 
 import (
 	"context"

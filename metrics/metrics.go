@@ -5,7 +5,7 @@ package metrics
 import (
 	"time"
 
-	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/driver"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/internal/report"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -131,8 +131,10 @@ func (m *Metrics) Streamed(method string, tuples int, bytes int64, diff time.Dur
 }
 
 // Refined records what precise mode did in one stream. It implements
-// driver.RefinementObserver.
-func (m *Metrics) Refined(method string, r driver.Refinement) {
+// driver.RefinementObserver (driver.Refinement is report.Refinement);
+// cmd/rbd-snapshot-metadata asserts it, so that metrics, and the server
+// that imports it, need no driver.
+func (m *Metrics) Refined(method string, r report.Refinement) {
 	if m == nil {
 		return
 	}
@@ -161,8 +163,3 @@ func (m *Metrics) Resumed(_, reason string, took time.Duration, ok bool) {
 	}
 	m.resuming.WithLabelValues(outcome).Observe(took.Seconds())
 }
-
-var (
-	_ driver.RefinementObserver = (*Metrics)(nil)
-	_ driver.ResumeObserver     = (*Metrics)(nil)
-)

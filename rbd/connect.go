@@ -54,7 +54,8 @@ func connect(p connParams, t timeouts) (*rados.Conn, error) {
 		{"rados_osd_op_timeout", seconds(t.op)},
 		// A library does not log: errors are returned, classified. These
 		// apply once connected; before that librados writes to std::cerr,
-		// which the package silences (precise_rados.go).
+		// which the package silences for every connection when it loads
+		// (the init in precise_rados.go, rsm_silence_cerr in radospp.cpp).
 		{"log_to_stderr", "false"},
 		{"err_to_stderr", "false"},
 	} {

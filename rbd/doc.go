@@ -3,9 +3,10 @@
 //
 // A Source opens a pair of snapshots (Request) and returns a Diff: the
 // target snapshot's allocated extents when there is no base, otherwise the
-// extents that changed from the base to the target. cmd/ adapts Source and
-// Diff to the driver package's interfaces; this package imports neither the
-// driver nor gRPC, and it does not log.
+// extents that changed from the base to the target. internal/rbddriver
+// adapts Source and Diff to the driver package's interfaces; this package
+// imports neither the driver nor gRPC (layout_test.go checks), and it does
+// not log.
 //
 // # Snapshot IDs
 //
@@ -78,12 +79,18 @@
 //
 // # Iteration
 //
-// Diff.Iterate runs exactly one librbd diff-iterate per call, from an
-// offset to the end of the snapshot (a precise delta by existence first
-// runs a whole-object one at the base snapshot, to list its objects; see
-// precise.go). librbd calls back on the calling
-// thread and blocking in the callback is safe, so the caller's function may
-// apply backpressure. To stop early, the callback returns a negative errno
-// to librbd, keeps the reason, and Iterate returns that reason in
-// preference to librbd's error; callbacks that still arrive are ignored.
+// Diff.Iterate reads the extents from an offset to the end of the
+// snapshot with one librbd diff-iterate per call, with two exceptions
+// that precise mode makes: without a usable object map (and unless
+// Options.Walk is WalkLibrbd) it walks the image's objects itself
+// (listed or probed through librados, see precise_list.go) and runs none;
+// a precise delta by existence first runs a second, whole-object one at
+// the base snapshot, to list its objects (Diff.existing; see precise.go).
+// A delta by snapshot ID that librbd refuses (no rbd_diff_iterate3)
+// before calling back is run again by the base's name. librbd calls back
+// on the calling thread and blocking in the callback is safe, so the
+// caller's function may apply backpressure. To stop early, the callback
+// returns a negative errno to librbd, keeps the reason, and Iterate
+// returns that reason in preference to librbd's error; callbacks that
+// still arrive are ignored.
 package rbd

@@ -176,9 +176,8 @@ type refiner struct {
 	// time (see pipeline.walk).
 	walk bool
 	// walkMode is Options.Walk; walked what the last walk did (WalkList
-	// or WalkProbe), listed how many ranges its listing found.
+	// or WalkProbe).
 	walkMode, walked string
-	listed           atomic.Int64
 	listErr          string // why WalkList probed instead
 
 	conn   *rados.Conn
@@ -481,7 +480,7 @@ func (r *refiner) pipeline(ctx context.Context, off, length uint64, existing []s
 		// Every object is a candidate: nothing to force.
 		p := newPipeline(ctx, r.top.objSize, preciseWalkWindow, skipGone, refine, emit, r.fellBack)
 		if r.base != nil {
-			p.refine, p.batch, p.max = r.walkDelta, walkBatch, walkDeltaWindow
+			p.refine, p.batch, p.width = r.walkDelta, walkBatch, walkDeltaWindow
 		}
 		return p
 	}

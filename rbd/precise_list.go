@@ -102,9 +102,7 @@ func (r *refiner) listRanges(ctx context.Context, off, end int64) ([]span, error
 		}
 		rs = append(objectSpans(objs, r.top.objSize, end), r.lostParent)
 	}
-	rs = forcedRanges(r.top.objSize, off, end, rs)
-	r.listed.Add(int64(len(rs)))
-	return rs, nil
+	return forcedRanges(r.top.objSize, off, end, rs), nil
 }
 
 // chooseWalk is WalkAuto's choice for the raw range [off, end): WalkList

@@ -29,7 +29,7 @@ type candidate struct {
 // pipeline sits between librbd's whole-object diff-iterate and Iterate's
 // callback. librbd calls feed for each candidate extent, on the thread that
 // runs the diff; feed splits it into objects and starts refining each in
-// its own goroutine, at most max at once; the refined extents reach emit
+// its own goroutine, at most width at once; the refined extents reach emit
 // strictly in image order, always from the goroutine that called
 // DiffIterate (from feed while librbd runs, from finish after it returns).
 //
@@ -51,8 +51,8 @@ type pipeline struct {
 	cancel   context.CancelFunc
 	objSize  int64
 	skipGone bool // allocated: candidates that do not exist hold no data
-	max      int
-	batch    int // objects per candidate of walk; 0 or 1: one
+	width    int  // how many jobs the window holds at most
+	batch    int  // objects per candidate of walk; 0 or 1: one
 	refine   func(context.Context, candidate) ([]span, error)
 	emit     librbd.DiffIterateCallback
 	fellBack func(error) // counts a fallback
@@ -94,7 +94,7 @@ type job struct {
 func newPipeline(ctx context.Context, objSize int64, window int, skipGone bool,
 	refine func(context.Context, candidate) ([]span, error), emit librbd.DiffIterateCallback, fellBack func(error)) *pipeline {
 	ctx, cancel := context.WithCancel(ctx)
-	return &pipeline{ctx: ctx, cancel: cancel, objSize: objSize, max: max(window, 1), skipGone: skipGone,
+	return &pipeline{ctx: ctx, cancel: cancel, objSize: objSize, width: max(window, 1), skipGone: skipGone,
 		refine: refine, emit: emit, fellBack: fellBack}
 }
 
@@ -186,7 +186,7 @@ func (p *pipeline) existedBefore(o int64) bool {
 
 // add starts c once the window has room.
 func (p *pipeline) add(c candidate) bool {
-	if !p.deliver(len(p.window) >= p.max) {
+	if !p.deliver(len(p.window) >= p.width) {
 		return false
 	}
 	p.start(c)

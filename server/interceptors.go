@@ -14,7 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 
-	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/driver"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/internal/clip"
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/metrics"
 )
 
@@ -42,16 +42,16 @@ func withRequest(ctx context.Context, l klog.Logger, req any) (context.Context, 
 	// IDs beyond the CSI spec's limit (the driver refuses them) are
 	// logged clipped, never whole.
 	oversized := false
-	clip := func(id string) string {
-		c := driver.Clip(id)
+	clipped := func(id string) string {
+		c := clip.ID(id)
 		oversized = oversized || c != id
 		return c
 	}
 	switch r := req.(type) {
 	case snapshotIDs:
-		l = klog.LoggerWithValues(l, "snapshotID", clip(r.GetSnapshotId()))
+		l = klog.LoggerWithValues(l, "snapshotID", clipped(r.GetSnapshotId()))
 	case deltaIDs:
-		l = klog.LoggerWithValues(l, "baseSnapshotID", clip(r.GetBaseSnapshotId()), "targetSnapshotID", clip(r.GetTargetSnapshotId()))
+		l = klog.LoggerWithValues(l, "baseSnapshotID", clipped(r.GetBaseSnapshotId()), "targetSnapshotID", clipped(r.GetTargetSnapshotId()))
 	}
 	if oversized {
 		l.V(4).Info("Request with an ID beyond the CSI limit, not logged whole")

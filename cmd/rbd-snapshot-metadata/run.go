@@ -17,15 +17,17 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/driver"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/internal/rbddriver"
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/metrics"
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd"
-	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd/rbddriver"
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/server"
 )
 
 // defaultMaxStreams is --max-streams' default. A stream holds at most three
 // pages (about 2 MiB at the default page size, 14 MiB at the largest), an
-// image, and in precise mode up to 16 librados calls in flight: 32 streams
+// image, and in precise mode up to 32 objects refined at once, each in a
+// librados call (rbd's preciseWindow and preciseWalkWindow; a walk's
+// delta, walkBatch*walkDeltaWindow list_snaps): 32 streams
 // stay within a few hundred MiB in a provisioner pod, while backup tools
 // read a few volumes at a time.
 const defaultMaxStreams = 32
@@ -181,3 +183,11 @@ func checkConfig(path string) error {
 	_, err = rbd.ParseConfig(b)
 	return err
 }
+
+// The driver finds these by type assertion on its Observer, so losing one
+// would silently drop metrics. They are asserted here, where both packages
+// are imported: metrics knows no driver (it takes report.Refinement).
+var (
+	_ driver.RefinementObserver = (*metrics.Metrics)(nil)
+	_ driver.ResumeObserver     = (*metrics.Metrics)(nil)
+)

@@ -1,6 +1,8 @@
 // Package rbddriver serves rbd's snapshots through the driver: it adapts
 // rbd.Source to driver.Source. The two packages share no types, so that rbd
-// needs neither gRPC nor the driver, and the driver no cgo.
+// needs neither gRPC nor the driver, and the driver no cgo; the adapter
+// lives outside both (here, where cmd/ and the e2e tests import it), so
+// that neither imports the other.
 package rbddriver
 
 import (
@@ -46,4 +48,12 @@ func (d diff) Refinement() driver.Refinement {
 	}
 }
 
-var _ driver.Refiner = diff{}
+// The driver finds these by type assertion on the Diff that Open returns:
+// Lineage and ResumeFrom come from the embedded *rbd.Diff, Refinement from
+// the adapter. Losing one would not fail to compile anywhere else.
+var (
+	_ driver.Diff     = diff{}
+	_ driver.Refiner  = diff{}
+	_ driver.Lineager = diff{}
+	_ driver.Resumer  = diff{}
+)

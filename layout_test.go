@@ -1,0 +1,165 @@
+package layout
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// The layout's rules (README, "Layout"): rbd/ knows no gRPC, CSI or
+// driver; the driver no Ceph (and so no cgo); the server no Ceph and no
+// driver, nor does metrics, which the server imports. Each rule is an import edge that must not come back; the test
+// asks the go command, as a reader would with go list -deps.
+
+const module = "github.com/rbd-snapshot-metadata/rbd-snapshot-metadata"
+
+type rule struct {
+	pkgs   string   // a go list pattern
+	banned []string // import path prefixes, banned from all its deps
+	why    string
+}
+
+var rules = []rule{
+	{"./rbd/...", []string{
+		module + "/driver", module + "/server", module + "/internal/rbddriver",
+		"google.golang.org/grpc", "github.com/container-storage-interface/",
+	}, "rbd knows no gRPC, CSI or driver (internal/rbddriver adapts it)"},
+	{"./driver/...", []string{
+		module + "/rbd", module + "/server", module + "/internal/rbddriver", "github.com/ceph/go-ceph",
+	}, "the driver knows no Ceph and builds without cgo"},
+	{"./server/...", []string{
+		module + "/rbd", module + "/internal/rbddriver", "github.com/ceph/go-ceph",
+		module + "/driver",
+	}, "the server knows no Ceph and no driver (internal/clip quotes IDs for both)"},
+	{"./metrics/...", []string{module + "/driver", module + "/rbd", "github.com/ceph/go-ceph"},
+		"metrics, which the server imports, knows no driver (internal/report holds what it counts)"},
+}
+
+type listed struct {
+	ImportPath string
+	Deps       []string
+	Error      *struct{ Err string }
+}
+
+func TestLayout(t *testing.T) {
+	for _, r := range rules {
+		for _, p := range list(t, r.pkgs) {
+			if p.Error != nil {
+				t.Fatalf("go list %s: %s: %s", r.pkgs, p.ImportPath, p.Error.Err)
+			}
+			for _, b := range r.banned {
+				b = strings.TrimSuffix(b, "/")
+				for _, dep := range p.Deps {
+					if dep == b || strings.HasPrefix(dep, b+"/") {
+						t.Errorf("%s depends on %s: %s", p.ImportPath, dep, r.why)
+						break // one edge per rule is enough to say
+					}
+				}
+			}
+		}
+	}
+}
+
+// list runs go list -json on pattern, with cgo on so that rbd's cgo
+// files (and their imports) are seen as a build of the server sees them.
+func list(t *testing.T, pattern string) []listed {
+	t.Helper()
+	cmd := exec.Command("go", "list", "-e", "-json", "-tags", "pacific", pattern)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list %s: %v: %s", pattern, err, stderr.String())
+	}
+	var pkgs []listed
+	dec := json.NewDecoder(bytes.NewReader(out))
+	for {
+		var p listed
+		if err := dec.Decode(&p); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatalf("go list %s: %v", pattern, err)
+		}
+		pkgs = append(pkgs, p)
+	}
+	if len(pkgs) == 0 {
+		t.Fatalf("go list %s: no packages", pattern)
+	}
+	return pkgs
+}
+
+// TestE2EIndex checks e2e/doc.go's index against the e2e files: each
+// file is listed once, with its Test functions in its order ("(helpers:
+// ...)" for a file without one). The e2e package builds only with its
+// tag, so the index is read as text.
+func TestE2EIndex(t *testing.T) {
+	doc, err := os.ReadFile("e2e/doc.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	entry := regexp.MustCompile(`^//   - (\S+_test\.go): (.*)$`)
+	testName := regexp.MustCompile(`\bTest\w+`)
+	indexed := map[string][]string{}
+	var file, text string
+	flush := func() {
+		if file == "" {
+			return
+		}
+		if _, dup := indexed[file]; dup {
+			t.Errorf("e2e/doc.go lists %s twice", file)
+		}
+		tests := []string{}
+		if !strings.HasPrefix(text, "(") {
+			tests = testName.FindAllString(text, -1)
+		}
+		indexed[file], file, text = tests, "", ""
+	}
+	for _, line := range strings.Split(string(doc), "\n") {
+		switch m := entry.FindStringSubmatch(line); {
+		case m != nil:
+			flush()
+			file, text = m[1], m[2]
+		case file != "" && strings.HasPrefix(line, "//     "):
+			text += " " + strings.TrimPrefix(line, "//     ")
+		default:
+			flush()
+		}
+	}
+
+	files, err := filepath.Glob("e2e/*_test.go")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no e2e test files: %v", err)
+	}
+	funcs := regexp.MustCompile(`(?m)^func (Test\w+)\(`)
+	for _, f := range files {
+		src, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []string{}
+		for _, m := range funcs.FindAllStringSubmatch(string(src), -1) {
+			want = append(want, m[1])
+		}
+		name := filepath.Base(f)
+		got, ok := indexed[name]
+		delete(indexed, name)
+		switch {
+		case !ok:
+			t.Errorf("e2e/doc.go's index does not list %s (tests: %v)", name, want)
+		case !slices.Equal(got, want):
+			t.Errorf("e2e/doc.go's index lists %s with %v, the file has %v", name, got, want)
+		}
+	}
+	for name := range indexed {
+		t.Errorf("e2e/doc.go's index lists %s, which does not exist", name)
+	}
+}
