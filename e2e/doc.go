@@ -74,6 +74,8 @@
 //
 //   - concurrent_removal_test.go: TestSnapshotRemovedMidStream,
 //     TestCSIDeleteSnapshotMidStream
+//   - precise_removal_test.go: (helpers: TestPreciseOracle's "concurrent
+//     removal" histories)
 //
 // Reliability: cancels, panics, limits, load, memory, secrets in logs,
 // shutdown, and faults of the cluster that streams resume past:
