@@ -7,9 +7,11 @@ package e2e
 // installed from its own all-in-one manifest with the objects of its quick
 // start, once as Rook v1.20's quick start installs it (Rook's crds, common,
 // csi-operator and operator manifests, and the CephConnection and
-// ClientProfile Rook's operator writes). Then it follows deploy/README.md's
+// ClientProfile Rook's operator writes), and once more from its quick start
+// with our Helm chart instead of kustomize. Then it follows deploy/README.md's
 // route for that installer as written (the shell blocks under the route's
-// bullet, run with bash), makes the operator reconcile the Driver (a change
+// bullet, or under "## Our Helm chart" with its placeholders filled, run
+// with bash; helm is the real one), makes the operator reconcile the Driver (a change
 // to the Driver, then an operator restart), and checks statically what the
 // operator wrote, since no kubelet runs a pod here:
 //
@@ -25,6 +27,11 @@ package e2e
 //     that sidecar's certificate for the CR's host;
 //   - the cluster config our server reads holds the monitors of the
 //     operator's CephConnection.
+//
+// The Helm route then upgrades our release (helm upgrade --reuse-values,
+// replicas and a memory limit changed), lets the operator reconcile again
+// and checks it all again, and that the CR's caCert, our TLS Secret and the
+// Driver's volumes stayed as they were.
 //
 // Before deploy/README.md gave the Driver its tls-key volume, the operator
 // injected a sidecar without TLS files (it exits at start: the controller
