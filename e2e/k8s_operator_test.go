@@ -260,6 +260,10 @@ func testOperatorRoute(t *testing.T, bin string, r opRoute) {
 
 	// deploy/README.md's route, as written.
 	root := filepath.Dir(deployTree(t))
+	if r.helmUpgrade != nil {
+		// helm built (RSM_HELM_BIN), or a failure that says why.
+		k.helm(t, "version", "--short")
+	}
 	for _, cmd := range readmeCommands(t, "../deploy/README.md", r.readmeRoute) {
 		for p, v := range r.fill {
 			cmd = strings.ReplaceAll(cmd, p, v)
