@@ -7,9 +7,11 @@ package e2e
 // installed from its own all-in-one manifest with the objects of its quick
 // start, once as Rook v1.20's quick start installs it (Rook's crds, common,
 // csi-operator and operator manifests, and the CephConnection and
-// ClientProfile Rook's operator writes). Then it follows deploy/README.md's
+// ClientProfile Rook's operator writes), and once more from its quick start
+// with our Helm chart instead of kustomize. Then it follows deploy/README.md's
 // route for that installer as written (the shell blocks under the route's
-// bullet, run with bash), makes the operator reconcile the Driver (a change
+// bullet, or under "## Our Helm chart" with its placeholders filled, run
+// with bash; helm is the real one), makes the operator reconcile the Driver (a change
 // to the Driver, then an operator restart), and checks statically what the
 // operator wrote, since no kubelet runs a pod here:
 //
@@ -25,6 +27,11 @@ package e2e
 //     that sidecar's certificate for the CR's host;
 //   - the cluster config our server reads holds the monitors of the
 //     operator's CephConnection.
+//
+// The Helm route then upgrades our release (helm upgrade --reuse-values,
+// replicas and a memory limit changed), lets the operator reconcile again
+// and checks it all again, and that the CR's caCert, our TLS Secret and the
+// Driver's volumes stayed as they were.
 //
 // Before deploy/README.md gave the Driver its tls-key volume, the operator
 // injected a sidecar without TLS files (it exits at start: the controller
@@ -79,7 +86,12 @@ type opRoute struct {
 	objects     string // what the user (or Rook) creates after the install
 	clusterID   string // the ClientProfile's name
 	monitors    []string
-	readmeRoute string // the bullet of deploy/README.md: "- **<this>**"
+	readmeRoute string // the bullet of deploy/README.md: "- **<this>**", or a section: "## <this>"
+	// fill: the README's placeholders and what a user puts there.
+	fill map[string]string
+	// helmUpgrade: values of a helm upgrade (--reuse-values) of our
+	// release after the first check; then a reconcile and the check again.
+	helmUpgrade []string
 	// reapply: the manifest holding the Driver, applied again with kubectl
 	// apply -f as an upgrade does; our volume must survive it.
 	reapply string
@@ -164,6 +176,15 @@ stringData: {userID: csi-rbd-node, userKey: AQDBWEdpAAAAABAAn7LrKEzaVYxsfp2YFI3Q
 		readmeRoute: "Rook",
 		reapply:     filepath.Join(bin, "rook/operator.yaml"),
 	}}
+	// The quick start again, with our chart instead of kustomize: deploy/README.md's
+	// "Our Helm chart" block (helm install into the operator's namespace, the
+	// Driver patch), then a helm upgrade with a changed value.
+	helmRoute := routes[0]
+	helmRoute.name = "ceph-csi-operator with our Helm chart"
+	helmRoute.readmeRoute = "## Our Helm chart"
+	helmRoute.fill = map[string]string{"<registry>/rbd-snapshot-metadata": chartImage, "<tag>": "v0.1.0"}
+	helmRoute.helmUpgrade = []string{"replicas=3", "server.resources.limits.memory=768Mi"}
+	routes = append(routes, helmRoute)
 	for _, r := range routes {
 		t.Run(r.name, func(t *testing.T) { testOperatorRoute(t, bin, r) })
 	}
@@ -239,7 +260,17 @@ func testOperatorRoute(t *testing.T, bin string, r opRoute) {
 
 	// deploy/README.md's route, as written.
 	root := filepath.Dir(deployTree(t))
+	if r.helmUpgrade != nil {
+		// helm built (RSM_HELM_BIN), or a failure that says why.
+		k.helm(t, "version", "--short")
+	}
 	for _, cmd := range readmeCommands(t, "../deploy/README.md", r.readmeRoute) {
+		for p, v := range r.fill {
+			cmd = strings.ReplaceAll(cmd, p, v)
+		}
+		if regexp.MustCompile(`<[a-z][^>]*>`).MatchString(cmd) {
+			t.Fatalf("deploy/README.md's command has a placeholder the test does not fill: %s", cmd)
+		}
 		k.sh(t, root, cmd)
 	}
 
@@ -259,7 +290,85 @@ func testOperatorRoute(t *testing.T, bin string, r opRoute) {
 		op.touch(t, r)
 		k.checkOperatorWrote(t, r)
 	}
+	if r.helmUpgrade != nil {
+		k.checkHelmUpgrade(t, r, op, filepath.Join(root, "deploy/helm/rbd-snapshot-metadata"))
+	}
 	t.Logf("%s: %.1fs", r.name, time.Since(t0).Seconds())
+}
+
+// checkHelmUpgrade upgrades our release with changed values (--reuse-values,
+// as deploy/README.md upgrades), makes the operator reconcile the Driver
+// (a change, then a restart), and checks again: the operator's ctrlplugin
+// and nodeplugin and our objects whole, the upgrade's values in our
+// Deployment, the CR's caCert and our sidecar's Secret kept.
+func (k *k8sEnv) checkHelmUpgrade(t *testing.T, r opRoute, op *csiOperator, chart string) {
+	t.Helper()
+	type state struct {
+		caCert, tlsRV, driverVols string
+	}
+	read := func() state {
+		var s state
+		var err error
+		s.caCert, err = k.kubectlQuiet("get", "snapshotmetadataservice", r.driver, "-o", "jsonpath={.spec.caCert}")
+		if err != nil {
+			t.Fatalf("SnapshotMetadataService %s: %v: %s", r.driver, err, s.caCert)
+		}
+		s.tlsRV, err = k.kubectlQuiet("-n", r.ns, "get", "secret", "csi-rbdplugin-snapshot-metadata-tls", "-o", "jsonpath={.metadata.resourceVersion}")
+		if err != nil {
+			t.Fatalf("Secret csi-rbdplugin-snapshot-metadata-tls: %v: %s", err, s.tlsRV)
+		}
+		s.driverVols, _ = k.kubectlQuiet("-n", r.ns, "get", "driver", r.driver, "-o", "jsonpath={.spec.controllerPlugin.volumes}")
+		return s
+	}
+	before := read()
+	k.helm(t, append([]string{"upgrade", "rbd-snapshot-metadata", chart, "-n", r.ns, "--reuse-values"}, chartSet(r.helmUpgrade...)...)...)
+	if st := k.helm(t, "status", "rbd-snapshot-metadata", "-n", r.ns, "-o", "json"); !strings.Contains(st, `"version":2`) || !strings.Contains(st, `"status":"deployed"`) {
+		t.Errorf("after helm upgrade, the release is not revision 2, deployed: %.300s", st)
+	}
+	op.touch(t, r)
+	op = op.restart(t)
+	op.waitReconciled(t, r.driver, 0)
+	op.quiet(t, r.driver)
+	report := k.checkOperatorWrote(t, r)
+	t.Logf("%s: after helm upgrade %v and a reconcile:\n%s", r.name, r.helmUpgrade, report)
+
+	after := read()
+	if after != before {
+		t.Errorf("helm upgrade changed what the operator's sidecar and backup clients rely on:\nbefore %+v\nafter  %+v", before, after)
+	}
+	var d struct {
+		Spec struct {
+			Replicas int
+			Template struct {
+				Spec struct{ Containers []opContainerRes }
+			}
+		}
+	}
+	k.getJSON(t, &d, "-n", r.ns, "deployment", "rbd-snapshot-metadata")
+	want := map[string]string{}
+	for _, v := range r.helmUpgrade {
+		kv := strings.SplitN(v, "=", 2)
+		want[kv[0]] = kv[1]
+	}
+	if w, ok := want["replicas"]; ok && strconv.Itoa(d.Spec.Replicas) != w {
+		t.Errorf("our Deployment has %d replicas after helm upgrade --set replicas=%s", d.Spec.Replicas, w)
+	}
+	if w, ok := want["server.resources.limits.memory"]; ok {
+		got := ""
+		for _, c := range d.Spec.Template.Spec.Containers {
+			if c.Name == "rbd-snapshot-metadata" {
+				got = c.Resources.Limits["memory"]
+			}
+		}
+		if got != w {
+			t.Errorf("our server's memory limit is %q after helm upgrade --set server.resources.limits.memory=%s", got, w)
+		}
+	}
+}
+
+type opContainerRes struct {
+	Name      string
+	Resources struct{ Limits map[string]string }
 }
 
 // ------------------------------------------------------------ the manager --
@@ -368,8 +477,9 @@ func (o *csiOperator) restart(t *testing.T) *csiOperator {
 // ---------------------------------------------------------- the README --
 
 // readmeCommands: the shell blocks of deploy/README.md's bullet "- **route**"
-// (up to the next bullet or section), one command per element; a line
-// ending in | or \ continues.
+// (up to the next bullet or section), or of its section "## Name" (up to
+// the next heading), one command per element; a line ending in | or \
+// continues.
 func readmeCommands(t *testing.T, readme, route string) []string {
 	t.Helper()
 	b, err := os.ReadFile(readme)
@@ -377,16 +487,22 @@ func readmeCommands(t *testing.T, readme, route string) []string {
 		t.Fatal(err)
 	}
 	lines := strings.Split(string(b), "\n")
-	start := slices.IndexFunc(lines, func(l string) bool { return strings.HasPrefix(l, "- **"+route+"**") })
+	section := strings.HasPrefix(route, "## ")
+	start := slices.IndexFunc(lines, func(l string) bool {
+		if section {
+			return strings.TrimSpace(l) == route
+		}
+		return strings.HasPrefix(l, "- **"+route+"**")
+	})
 	if start < 0 {
-		t.Fatalf("%s has no bullet - **%s**", readme, route)
+		t.Fatalf("%s has no bullet - **%s** (or section)", readme, route)
 	}
 	var cmds []string
 	in := false
 	cur := ""
 	for _, l := range lines[start+1:] {
 		s := strings.TrimSpace(l)
-		if !in && (strings.HasPrefix(l, "- **") || strings.HasPrefix(l, "#")) {
+		if !in && ((!section && strings.HasPrefix(l, "- **")) || strings.HasPrefix(l, "#")) {
 			break
 		}
 		if strings.HasPrefix(s, "```") {
@@ -405,18 +521,24 @@ func readmeCommands(t *testing.T, readme, route string) []string {
 		cur = ""
 	}
 	if len(cmds) == 0 {
-		t.Fatalf("%s: no sh block under - **%s**", readme, route)
+		t.Fatalf("%s: no sh block under %s", readme, route)
 	}
 	return cmds
 }
 
 // sh runs one of the README's commands in dir (the checkout: deploy/ is
-// there) with bash, kubectl on PATH as admin.
+// there) with bash, kubectl (and helm, if built) on PATH as admin.
 func (k *k8sEnv) sh(t *testing.T, dir, cmd string) {
 	t.Helper()
 	c := exec.Command("bash", "-euo", "pipefail", "-c", cmd)
 	c.Dir = dir
-	c.Env = append(os.Environ(), "PATH="+k.bin+":"+os.Getenv("PATH"), "KUBECONFIG="+k.adminKubeconfig(t))
+	path := k.bin + ":" + os.Getenv("PATH")
+	if hb := os.Getenv("RSM_HELM_BIN"); hb != "" {
+		path = hb + ":" + path
+	}
+	home := filepath.Join(k.dir, "helm-home")
+	c.Env = append(os.Environ(), "PATH="+path, "KUBECONFIG="+k.adminKubeconfig(t), "HELM_CACHE_HOME="+home+"/cache",
+		"HELM_CONFIG_HOME="+home+"/config", "HELM_DATA_HOME="+home+"/data")
 	out, err := c.CombinedOutput()
 	t.Logf("$ %s\n%s", cmd, strings.TrimRight(string(out), "\n"))
 	if err != nil {
