@@ -128,6 +128,7 @@ func TestReliabilityResumeSnapRemoved(t *testing.T) {
 		t.Fatalf("rbd snap rm %s@s1: %v", v.spec(), rmErr)
 	}
 	bound := 2*relOpTimeout + relResumeBudget + relMaxBackOff
+	met := 0
 	for _, s := range streams {
 		took := s.ended.Sub(t0)
 		log := s.srv.log()
@@ -144,17 +145,26 @@ func TestReliabilityResumeSnapRemoved(t *testing.T) {
 				t.Logf("  %s", l)
 			}
 		}
+		if s.ended.Before(back) {
+			t.Logf("%s: ended before the OSD came back: its diff had no Ceph work left; it proves nothing", s.mode)
+			continue
+		}
+		met++
+		msg := status.Convert(s.err).Message()
 		switch {
 		case errors.Is(s.err, io.EOF):
 			t.Errorf("%s: the stream ended OK although its base snapshot was removed before its end", s.mode)
 		case status.Code(s.err) != codes.NotFound:
 			t.Errorf("%s: %v; want NOT_FOUND", s.mode, s.err)
-		case !strings.Contains(status.Convert(s.err).Message(), v.name+"@s1") && !strings.Contains(status.Convert(s.err).Message(), "base snapshot"):
-			t.Errorf("%s: %q does not name the base snapshot %s@s1", s.mode, status.Convert(s.err).Message(), v.name)
+		case !strings.Contains(msg, v.spec()+"@s1"):
+			t.Errorf("%s: %q does not name the base snapshot %s@s1", s.mode, msg, v.spec())
 		}
 		if took > bound {
 			t.Errorf("%s: ended %v after the fault, want within %v (op timeouts, the resume budget and one backoff)", s.mode, took, bound)
 		}
+	}
+	if met == 0 {
+		t.Errorf("no stream met the outage")
 	}
 	waitClusterIO(t)
 	for _, s := range streams {
