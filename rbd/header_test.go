@@ -6,7 +6,9 @@ import (
 )
 
 func TestDecodeParentSpec(t *testing.T) {
-	str := func(b []byte, s string) []byte { return append(binary.LittleEndian.AppendUint32(b, uint32(len(s))), s...) }
+	str := func(b []byte, s string) []byte {
+		return append(binary.LittleEndian.AppendUint32(b, uint32(len(s))), s...)
+	}
 	var body []byte
 	body = binary.LittleEndian.AppendUint64(body, 7)
 	body = str(body, "ns1")
