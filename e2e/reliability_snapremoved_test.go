@@ -1,0 +1,184 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"errors"
+	"io"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+)
+
+// relResumeBudget is the server's default --resume-budget, and
+// relMaxBackOff its longest backoff between re-opens (driver/resume.go).
+const (
+	relResumeBudget = 2 * time.Minute
+	relMaxBackOff   = 10 * time.Second
+)
+
+// TestReliabilityResumeSnapRemoved removes the base snapshot of an exact
+// and a precise Delta while the OSD is stopped in the middle of them: each
+// stream must end NOT_FOUND naming the base snapshot, within the resume
+// budget and one backoff, never OK and never UNAVAILABLE after retrying
+// until the budget is spent; and its server then answers at once.
+//
+// On the harness's single OSD, `rbd snap rm` cannot run while the OSD is
+// stopped: started during the outage, it waits for the OSD and then races
+// the server's re-open. Whichever wins, the stream must end NOT_FOUND: the
+// re-open finds the snapshot gone, or the resumed diff's check at its end
+// (rbd/lineage.go) does. The client, a slow reader, takes no page from the
+// time the OSD continues until the removal is done, so that the resumed
+// diff cannot end before it (a removal after the diff's end rightly leaves
+// the stream OK). Both streams run during one outage.
+func TestReliabilityResumeSnapRemoved(t *testing.T) {
+	if !serverHasPrecision(t, "precise") {
+		t.Skip("the server binary has no --precision=precise")
+	}
+	v, _ := manyWrites(t, 16384)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute) // a hang guard
+	defer cancel()
+	type stream struct {
+		mode  string
+		srv   *rsmServer
+		alloc []span // the target's allocated blocks, before the outage
+		recv  func() (metaResponse, error)
+		n     int
+		err   error
+		ended time.Time
+	}
+	var streams []*stream
+	for _, mode := range []string{"exact", "precise"} {
+		srv := startServer(t, "--ceph-op-timeout="+relOpTimeout.String(), "--precision="+mode)
+		s := &stream{mode: mode, srv: srv, alloc: srv.get(t, metaReq{target: v.id("s2")}).tuples()}
+		q := metaReq{base: v.id("s1"), target: v.id("s2"), max: 1, secrets: csiSecrets(t)}
+		cc, err := grpc.NewClient("unix://"+srv.sock, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithInitialWindowSize(1<<16), grpc.WithInitialConnWindowSize(1<<16))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cc.Close()
+		if s.recv, err = (&rsmServer{sm: csi.NewSnapshotMetadataClient(cc)}).open(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.recv(); err != nil {
+			t.Fatalf("%s: first page: %v", mode, err)
+		}
+		s.n = 1
+		streams = append(streams, s)
+	}
+	time.Sleep(500 * time.Millisecond)
+	resume := pauseDaemon(t, "osd.0")
+	t0 := time.Now()
+
+	// The removal, started during the outage: it waits for the OSD.
+	removed := make(chan struct{})
+	var (
+		rmErr  error
+		rmOut  []byte
+		rmDone time.Time
+	)
+	go func() {
+		defer close(removed)
+		rctx, rcancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer rcancel()
+		rmOut, rmErr = exec.CommandContext(rctx, "rbd", "snap", "rm", "--no-progress", v.spec()+"@s1").CombinedOutput()
+		rmDone = time.Now()
+	}()
+
+	cont := make(chan struct{}) // closed when the OSD continues
+	var wg sync.WaitGroup
+	for _, s := range streams {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-cont:
+					<-removed
+				default:
+				}
+				_, err := s.recv()
+				if err != nil {
+					s.err, s.ended = err, time.Now()
+					return
+				}
+				s.n++
+			}
+		}()
+	}
+	osdOutage(t, resume)
+	back := time.Now()
+	close(cont)
+	wg.Wait()
+	<-removed
+	t.Logf("OSD stopped for %v; rbd snap rm %s@s1 done %v after the fault (%v after the OSD came back): %v %s",
+		back.Sub(t0).Round(time.Millisecond), v.spec(), rmDone.Sub(t0).Round(time.Millisecond),
+		rmDone.Sub(back).Round(time.Millisecond), rmErr, strings.TrimSpace(string(rmOut)))
+	if rmErr != nil {
+		t.Fatalf("rbd snap rm %s@s1: %v", v.spec(), rmErr)
+	}
+	bound := 2*relOpTimeout + relResumeBudget + relMaxBackOff
+	met := 0
+	for _, s := range streams {
+		took := s.ended.Sub(t0)
+		log := s.srv.log()
+		resumed := strings.Count(log, `"Resumed stream"`)
+		path := "the re-open found the snapshot gone"
+		if resumed > 0 {
+			path = "the resumed diff's end check found the snapshot gone"
+		}
+		t.Logf("%s: %d pages, ended %v after the fault (%v after the OSD came back, %v after the removal): %v; %d resumes logged: %s",
+			s.mode, s.n, took.Round(time.Millisecond), s.ended.Sub(back).Round(time.Millisecond),
+			s.ended.Sub(rmDone).Round(time.Millisecond), s.err, resumed, path)
+		for _, l := range strings.Split(log, "\n") {
+			if strings.Contains(l, `"Resumed stream"`) || strings.Contains(l, `"Stream finished"`) && strings.Contains(l, `code="NotFound"`) {
+				t.Logf("  %s", l)
+			}
+		}
+		if s.ended.Before(back) {
+			t.Logf("%s: ended before the OSD came back: its diff had no Ceph work left; it proves nothing", s.mode)
+			continue
+		}
+		met++
+		msg := status.Convert(s.err).Message()
+		switch {
+		case errors.Is(s.err, io.EOF):
+			t.Errorf("%s: the stream ended OK although its base snapshot was removed before its end", s.mode)
+		case status.Code(s.err) != codes.NotFound:
+			t.Errorf("%s: %v; want NOT_FOUND", s.mode, s.err)
+		case !strings.Contains(msg, v.spec()+"@s1"):
+			t.Errorf("%s: %q does not name the base snapshot %s@s1", s.mode, msg, v.spec())
+		}
+		if took > bound {
+			t.Errorf("%s: ended %v after the fault, want within %v (op timeouts, the resume budget and one backoff)", s.mode, took, bound)
+		}
+	}
+	if met == 0 {
+		t.Errorf("no stream met the outage")
+	}
+	waitClusterIO(t)
+	for _, s := range streams {
+		t1 := time.Now()
+		d := s.srv.call(ctx, metaReq{base: v.id("s1"), target: v.id("s2"), secrets: csiSecrets(t)})
+		t.Logf("%s: a new Delta from the removed snapshot: %v in %v", s.mode, d.err, time.Since(t1).Round(time.Millisecond))
+		if status.Code(d.err) != codes.NotFound {
+			t.Errorf("%s: a new Delta from the removed snapshot: %v; want NOT_FOUND", s.mode, d.err)
+		}
+		t1 = time.Now()
+		a := s.srv.call(ctx, metaReq{target: v.id("s2"), secrets: csiSecrets(t)})
+		t.Logf("%s: a new Allocated of the target: %d tuples, %v in %v", s.mode, len(a.tuples()), a.err, time.Since(t1).Round(time.Millisecond))
+		if a.err != nil || diffSpans(s.alloc, a.tuples()) != "" {
+			t.Errorf("%s: a new Allocated of the target after the outage: %d of %d tuples, %v", s.mode, len(a.tuples()), len(s.alloc), a.err)
+		}
+	}
+}
