@@ -89,6 +89,7 @@
 //     TestReliabilityMonitorLeader, TestReliabilityResumeOSDKilled
 //   - reliability_secrets_test.go: TestReliabilitySecrets
 //   - reliability_shutdown_test.go: TestReliabilityShutdown
+//   - reliability_snapremoved_test.go: TestReliabilityResumeSnapRemoved
 //   - reliability_test.go: TestReliabilityFaults
 //
 // Kubernetes, with the real components built by e2e/k8s/k8s.sh (the
