@@ -241,8 +241,10 @@ func (d *Diff) confirmLineages() error {
 		}
 		got, err := readLineage(d.cc.conn, want[0])
 		if errors.Is(err, errVanished) {
-			// The message names the snapshot as the request did.
-			if errors.Is(err, fs.ErrNotExist) && len(got) == 1 {
+			// The snapshot itself went (got ends where the read failed),
+			// or one of its parents. The message names the snapshot as
+			// the request did.
+			if len(got) == 1 {
 				return fmt.Errorf("%s snapshot %s was removed while its changes were being listed, so the answer may miss changes (%v): %w",
 					what, r, err, fs.ErrNotExist)
 			}
