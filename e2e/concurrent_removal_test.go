@@ -35,9 +35,7 @@ import (
 	"github.com/ceph/go-ceph/rados"
 	"github.com/ceph/go-ceph/rbd"
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/driver"
@@ -167,30 +165,37 @@ func writeData(img *rbd.Image, off, n int64, seed int) error {
 	return err
 }
 
-// truth returns the bytes that differ between the snapshots, read within
-// the touched regions (nothing else was ever written).
-func (rv *removalVolume) truth(t *testing.T, from, to string) []span {
+// truth returns the bytes that differ between snapshots from and to,
+// read within the touched regions (nothing else was ever written).
+func (rv *removalVolume) truth(t *testing.T, from, to *snapReader) []span {
 	t.Helper()
-	a, b := openSnap(t, rv.v, from), openSnap(t, rv.v, to)
 	var out []span
 	for _, r := range rv.regions {
 		x, y := make([]byte, r.Length), make([]byte, r.Length)
-		a.readAt(t, x, r.Offset)
-		b.readAt(t, y, r.Offset)
-		for i := int64(0); i < r.Length; {
-			if x[i] == y[i] {
-				i++
-				continue
-			}
-			j := i + 1
-			for j < r.Length && x[j] != y[j] {
-				j++
-			}
-			out = append(out, span{Offset: r.Offset + i, Length: j - i})
-			i = j
-		}
+		from.readAt(t, x, r.Offset)
+		to.readAt(t, y, r.Offset)
+		eachRun(x, y, r.Offset, func(off, n int64) { out = append(out, span{Offset: off, Length: n}) })
 	}
 	return mergeSpans(out)
+}
+
+// snapByID opens the volume at a snapshot given by ID (Ceph-CSI's trash
+// snapshots have no usable name).
+func (rv *removalVolume) snapByID(t *testing.T, snap uint64) *snapReader {
+	t.Helper()
+	img, err := rbd.OpenImageReadOnly(rv.v.ioctx, rv.v.name, rbd.NoSnapshot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = img.Close() })
+	if err := img.SetSnapByID(snap); err != nil {
+		t.Fatalf("set %s to snapshot %d: %v", rv.v.name, snap, err)
+	}
+	size, err := img.GetSize()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &snapReader{img: img, size: int64(size)}
 }
 
 // object names object objno of the image.
@@ -355,15 +360,10 @@ func stallStreams(t *testing.T, r metaReq) []*removalRun {
 				}
 			})
 			// A reader that does not read: the window stays at 64 KiB.
-			conn, err := grpc.NewClient("unix://"+run.p.sock, grpc.WithTransportCredentials(insecure.NewCredentials()),
-				grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { conn.Close() })
+			s := slowReader(t, run.p.sock)
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			t.Cleanup(cancel)
-			s := &rsmServer{sm: csi.NewSnapshotMetadataClient(conn)}
+			var err error
 			if run.recv, err = s.open(ctx, r); err != nil {
 				t.Fatalf("%s: %v: %v", run.name, r, err)
 			}
@@ -471,7 +471,7 @@ func TestSnapshotRemovedMidStream(t *testing.T) {
 		// complete.
 		rv, _, _ := setup(t)
 		r := metaReq{base: rv.v.id("A"), target: rv.v.id("B"), secrets: secrets}
-		truth := rv.truth(t, "A", "B")
+		truth := rv.truth(t, openSnap(t, rv.v, "A"), openSnap(t, rv.v, "B"))
 		runs := stallStreams(t, r)
 		renamed := rv.v.name + "-renamed"
 		rbdCLI(t, "rename", rv.v.spec(), pool+"/"+renamed)
@@ -484,7 +484,7 @@ func TestSnapshotRemovedMidStream(t *testing.T) {
 	t.Run("base", func(t *testing.T) {
 		rv, a, _ := setup(t)
 		r := metaReq{base: rv.v.id("A"), target: rv.v.id("B"), secrets: secrets}
-		truth := rv.truth(t, "A", "B")
+		truth := rv.truth(t, openSnap(t, rv.v, "A"), openSnap(t, rv.v, "B"))
 		runs := stallStreams(t, r)
 		if err := rv.img.GetSnapshot("A").Remove(); err != nil {
 			t.Fatalf("remove %s@A: %v", rv.v.spec(), err)
@@ -502,7 +502,7 @@ func TestSnapshotRemovedMidStream(t *testing.T) {
 		snapshot(t, rv.img, "B2")
 		rv.change(t)
 		r := metaReq{base: rv.v.id("A"), target: rv.v.id("B"), secrets: secrets}
-		truth := rv.truth(t, "A", "B")
+		truth := rv.truth(t, openSnap(t, rv.v, "A"), openSnap(t, rv.v, "B"))
 		runs := stallStreams(t, r)
 		if err := rv.img.GetSnapshot("B").Remove(); err != nil {
 			t.Fatalf("remove %s@B: %v", rv.v.spec(), err)
@@ -529,7 +529,7 @@ func TestCSIDeleteSnapshotMidStream(t *testing.T) {
 	sb := vol.snapshot(t)
 
 	r := metaReq{base: sa.handle(), target: sb.handle(), secrets: preciseSecrets(t)}
-	truth := changedSnapIDs(t, rv, sa.trashID, sb.trashID)
+	truth := rv.truth(t, rv.snapByID(t, sa.trashID), rv.snapByID(t, sb.trashID))
 	runs := stallStreams(t, r)
 
 	csiDeleteSnapshot(t, sa)
@@ -541,48 +541,6 @@ func TestCSIDeleteSnapshotMidStream(t *testing.T) {
 		waitTrimmed(t, "", sa.trashID, rv.object(rv.objnos[n/2]), rv.object(rv.objnos[n-1])))
 	finish(runs)
 	checkRemoval(t, r, runs, truth, codes.NotFound, "base snapshot")
-}
-
-// changedSnapIDs is removalVolume.truth between two snapshots given by ID
-// (Ceph-CSI's trash snapshots have no usable name).
-func changedSnapIDs(t *testing.T, rv *removalVolume, from, to uint64) []span {
-	t.Helper()
-	open := func(snap uint64) *rbd.Image {
-		img, err := rbd.OpenImageReadOnly(rv.v.ioctx, rv.v.name, rbd.NoSnapshot)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = img.Close() })
-		if err := img.SetSnapByID(snap); err != nil {
-			t.Fatalf("set %s to snapshot %d: %v", rv.v.name, snap, err)
-		}
-		return img
-	}
-	a, b := open(from), open(to)
-	read := func(img *rbd.Image, r span) []byte {
-		buf := make([]byte, r.Length)
-		if n, err := img.ReadAt(buf, r.Offset); err != nil || int64(n) != r.Length {
-			t.Fatalf("read %v of %s: %d, %v", r, rv.v.name, n, err)
-		}
-		return buf
-	}
-	var out []span
-	for _, r := range rv.regions {
-		x, y := read(a, r), read(b, r)
-		for i := int64(0); i < r.Length; {
-			if x[i] == y[i] {
-				i++
-				continue
-			}
-			j := i + 1
-			for j < r.Length && x[j] != y[j] {
-				j++
-			}
-			out = append(out, span{Offset: r.Offset + i, Length: j - i})
-			i = j
-		}
-	}
-	return mergeSpans(out)
 }
 
 // csiDeleteSnapshot deletes a snapshot as Ceph-CSI's DeleteSnapshot does:

@@ -541,5 +541,21 @@ func (p *inProc) call(ctx context.Context, r metaReq) metaStream {
 	return s.call(ctx, r)
 }
 
+// slowReader connects to the server on sock with gRPC's flow-control
+// windows fixed at 64 KiB (no BDP growth): a client on it that reads
+// slowly, or not at all, holds the server a few thousand small tuples in,
+// with most of the diff still to run. The connection is closed when the
+// test ends.
+func slowReader(t testing.TB, sock string) *rsmServer {
+	t.Helper()
+	cc, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return &rsmServer{sm: csi.NewSnapshotMetadataClient(cc)}
+}
+
 // notOK reports whether err is a gRPC status other than OK.
 func notOK(err error) bool { return err != nil && status.Code(err) != codes.OK }

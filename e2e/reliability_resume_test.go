@@ -24,10 +24,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/container-storage-interface/spec/lib/go/csi"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 )
 
@@ -69,6 +66,19 @@ type resumeStream struct {
 	got   []span
 	err   error
 	ended time.Time
+}
+
+// readToEnd reads the stream's pages until it ends, and records how and
+// when.
+func (s *resumeStream) readToEnd() {
+	for {
+		resp, err := s.recv()
+		if err != nil {
+			s.err, s.ended = err, time.Now()
+			return
+		}
+		s.got = append(s.got, toPage(resp).tuples...)
+	}
 }
 
 // TestReliabilityResume stops the OSD for relOutage in the middle of
@@ -116,13 +126,8 @@ func TestReliabilityResume(t *testing.T) {
 		// A connection of its own with a fixed 64 KiB window and small
 		// pages: the diff waits in the middle of the image, with Ceph
 		// work left, when the fault comes (see relOSDFault).
-		cc, err := grpc.NewClient("unix://"+s.srv.sock, grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithInitialWindowSize(1<<16), grpc.WithInitialConnWindowSize(1<<16))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer cc.Close()
-		if s.recv, err = (&rsmServer{sm: csi.NewSnapshotMetadataClient(cc)}).open(ctx, s.q); err != nil {
+		var err error
+		if s.recv, err = slowReader(t, s.srv.sock).open(ctx, s.q); err != nil {
 			t.Fatal(err)
 		}
 		resp, err := s.recv()
@@ -133,14 +138,9 @@ func TestReliabilityResume(t *testing.T) {
 	}
 	cctx, ccancel := context.WithCancel(ctx)
 	defer ccancel()
-	cc, err := grpc.NewClient("unix://"+cancelled.sock, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithInitialWindowSize(1<<16), grpc.WithInitialConnWindowSize(1<<16))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
+	slow := slowReader(t, cancelled.sock)
 	copened := time.Now()
-	crecv, err := (&rsmServer{sm: csi.NewSnapshotMetadataClient(cc)}).open(cctx, cq)
+	crecv, err := slow.open(cctx, cq)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,14 +169,7 @@ func TestReliabilityResume(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for {
-				resp, err := s.recv()
-				if err != nil {
-					s.err, s.ended = err, time.Now()
-					return
-				}
-				s.got = append(s.got, toPage(resp).tuples...)
-			}
+			s.readToEnd()
 		}()
 	}
 	osdOutage(t, resume)
@@ -329,13 +322,7 @@ func TestReliabilityMonitorLeader(t *testing.T) {
 		t.Fatalf("before the fault: %d tuples, %v", len(want.tuples()), want.err)
 	}
 
-	cc, err := grpc.NewClient("unix://"+srv.sock, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithInitialWindowSize(1<<16), grpc.WithInitialConnWindowSize(1<<16))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	recv, err := (&rsmServer{sm: csi.NewSnapshotMetadataClient(cc)}).open(ctx, q)
+	recv, err := slowReader(t, srv.sock).open(ctx, q)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -409,13 +396,8 @@ func TestReliabilityResumeOSDKilled(t *testing.T) {
 		s := &resumeStream{name: mode + "/" + q.String(), srv: srv, want: srv.get(t, q).tuples()}
 		q.secrets = csiSecrets(t)
 		s.q = q
-		cc, err := grpc.NewClient("unix://"+srv.sock, grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithInitialWindowSize(1<<16), grpc.WithInitialConnWindowSize(1<<16))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer cc.Close()
-		if s.recv, err = (&rsmServer{sm: csi.NewSnapshotMetadataClient(cc)}).open(ctx, q); err != nil {
+		var err error
+		if s.recv, err = slowReader(t, srv.sock).open(ctx, q); err != nil {
 			t.Fatal(err)
 		}
 		resp, err := s.recv()
@@ -433,14 +415,7 @@ func TestReliabilityResumeOSDKilled(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for {
-				resp, err := s.recv()
-				if err != nil {
-					s.err, s.ended = err, time.Now()
-					return
-				}
-				s.got = append(s.got, toPage(resp).tuples...)
-			}
+			s.readToEnd()
 		}()
 	}
 	time.Sleep(relOutage)

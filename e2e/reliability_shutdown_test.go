@@ -10,10 +10,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/container-storage-interface/spec/lib/go/csi"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 )
 
 // TestReliabilityShutdown sends SIGTERM to the server binary while
@@ -36,13 +32,7 @@ func TestReliabilityShutdown(t *testing.T) {
 	// Slow readers use a connection of their own, with a fixed 64 KiB flow
 	// control window (no BDP growth), and pages of one tuple: the server
 	// can send only a few thousand of the 16k before it waits for them.
-	cc, err := grpc.NewClient("unix://"+srv.sock, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithInitialWindowSize(1<<16), grpc.WithInitialConnWindowSize(1<<16))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	slowSrv := &rsmServer{sm: csi.NewSnapshotMetadataClient(cc)}
+	slowSrv := slowReader(t, srv.sock)
 
 	type result struct {
 		slow bool

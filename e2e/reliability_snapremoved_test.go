@@ -12,10 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/container-storage-interface/spec/lib/go/csi"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 )
 
@@ -61,13 +58,8 @@ func TestReliabilityResumeSnapRemoved(t *testing.T) {
 		srv := startServer(t, "--ceph-op-timeout="+relOpTimeout.String(), "--precision="+mode)
 		s := &stream{mode: mode, srv: srv, alloc: srv.get(t, metaReq{target: v.id("s2")}).tuples()}
 		q := metaReq{base: v.id("s1"), target: v.id("s2"), max: 1, secrets: csiSecrets(t)}
-		cc, err := grpc.NewClient("unix://"+srv.sock, grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithInitialWindowSize(1<<16), grpc.WithInitialConnWindowSize(1<<16))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer cc.Close()
-		if s.recv, err = (&rsmServer{sm: csi.NewSnapshotMetadataClient(cc)}).open(ctx, q); err != nil {
+		var err error
+		if s.recv, err = slowReader(t, srv.sock).open(ctx, q); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := s.recv(); err != nil {

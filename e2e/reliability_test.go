@@ -85,13 +85,7 @@ func relOSDFault(t *testing.T, v rbdVolume, mode string, fault func(*testing.T) 
 	// BDP growth) and pages of one tuple: the server can send only a few
 	// thousand of the 16k tuples before it waits, so the diff is still
 	// running, with Ceph work left, when the fault comes.
-	cc, err := grpc.NewClient("unix://"+srv.sock, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithInitialWindowSize(1<<16), grpc.WithInitialConnWindowSize(1<<16))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	recv, err := (&rsmServer{sm: csi.NewSnapshotMetadataClient(cc)}).open(ctx, q)
+	recv, err := slowReader(t, srv.sock).open(ctx, q)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -700,21 +700,27 @@ func changedBytes(t testing.TB, v rbdVolume, from, to string) []span {
 			if bytes.Equal(a[blk:e], b[blk:e]) {
 				continue
 			}
-			for i := blk; i < e; {
-				if a[i] == b[i] {
-					i++
-					continue
-				}
-				j := i + 1
-				for j < e && a[j] != b[j] {
-					j++
-				}
-				add(off+i, j-i)
-				i = j
-			}
+			eachRun(a[blk:e], b[blk:e], off+blk, add)
 		}
 	}
 	return out
+}
+
+// eachRun calls fn for each run of bytes where x and y (of one length)
+// differ, at off plus the run's index: the byte oracle's one comparison.
+func eachRun(x, y []byte, off int64, fn func(off, n int64)) {
+	for i := 0; i < len(x); {
+		if x[i] == y[i] {
+			i++
+			continue
+		}
+		j := i + 1
+		for j < len(x) && x[j] != y[j] {
+			j++
+		}
+		fn(off+int64(i), int64(j-i))
+		i = j
+	}
 }
 
 // oracleMisses returns the changed bytes (changedBytes) that tuples do not
