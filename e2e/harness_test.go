@@ -167,6 +167,10 @@ func removeImageOnCleanup(t testing.TB, ioctx *rados.IOContext, name string) {
 		}
 		if err := rbd.RemoveImage(ioctx, name); err != nil {
 			t.Errorf("cleanup: remove %s: %v", name, err)
+			for _, args := range [][]string{{"snap", "ls", "--all", pool + "/" + name}, {"trash", "ls", "--all", pool}, {"ls", "-l", pool}} {
+				out, _ := rbdTry(t, args...)
+				t.Logf("rbd %s:\n%s", strings.Join(args, " "), out)
+			}
 		}
 	})
 }

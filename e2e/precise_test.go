@@ -186,6 +186,13 @@ func testPreciseOracle(t *testing.T, features uint64) {
 	for _, seed := range preciseSeeds(t) {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
 			w := newPreciseWorkload(t, ioctx, seed)
+			// Registered first, so it runs after the images' cleanups,
+			// whose failures it explains too.
+			t.Cleanup(func() {
+				if t.Failed() {
+					t.Logf("replay with RSM_E2E_SEED=%d; kinds %v; history:\n%s", seed, w.kindList(), strings.Join(w.log, "\n"))
+				}
+			})
 			w.features = features
 			w.walks = features&rbd.FeatureFastDiff == 0
 			w.zero = zero
@@ -199,9 +206,6 @@ func testPreciseOracle(t *testing.T, features uint64) {
 			t.Logf("%v: %d images, the last of %d objects of %d KiB, %d snapshots, %d queries per mode; history %v, checks %v; Allocated / Delta ratio: %s",
 				w.kindList(), len(w.images), (p.size+p.objSize-1)/p.objSize, p.objSize>>10, len(p.snaps), h.queries[0]+h.queries[1],
 				built.Sub(start).Round(time.Millisecond), time.Since(built).Round(time.Millisecond), h.ratios())
-			if t.Failed() {
-				t.Logf("replay with RSM_E2E_SEED=%d; kinds %v; history:\n%s", seed, w.kindList(), strings.Join(w.log, "\n"))
-			}
 		})
 	}
 	t.Log("\n" + tot.table())
