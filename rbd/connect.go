@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"fmt"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd/internal/cepherr"
 	"io/fs"
 	"os"
 	"strconv"
@@ -29,7 +30,7 @@ func (t timeouts) connector() func(connParams) (*rados.Conn, error) {
 
 // connect makes a cluster connection as p.user, configured without any
 // ceph.conf or keyring file. A refused login (wrong key, unknown user) is
-// an authError; a login that times out, whether the monitors are
+// refused (cepherr.Refused); a login that times out, whether the monitors are
 // unreachable or accept connections but give no session (no quorum, a
 // hung monitor), is os.ErrDeadlineExceeded. Ambiguous monitor addresses
 // are typed first (typeMonHost), so that a refused login is told apart in
@@ -41,7 +42,7 @@ func connect(p connParams, t timeouts) (*rados.Conn, error) {
 	// and errors reach the client.
 	conn, err := rados.NewConnWithUser(p.user)
 	if err != nil {
-		return nil, wrap("create cluster handle for the request's cephx user", err)
+		return nil, cepherr.Wrap("create cluster handle for the request's cephx user", err)
 	}
 	// A handle that never connected cannot be shut down through go-ceph:
 	// shutdownUnconnected frees it, and its threads, at once.
@@ -62,7 +63,7 @@ func connect(p connParams, t timeouts) (*rados.Conn, error) {
 		if err := conn.SetConfigOption(o.name, o.value); err != nil {
 			shutdownUnconnected(conn)
 			// Only the option's name: the value may be the key.
-			return nil, wrap("set librados option "+o.name, err)
+			return nil, cepherr.Wrap("set librados option "+o.name, err)
 		}
 	}
 	if err := conn.Connect(); err != nil {
@@ -76,24 +77,24 @@ func connect(p connParams, t timeouts) (*rados.Conn, error) {
 func connectError(p connParams, t timeouts, err error) error {
 	// Not the user's name: it comes from the request's secrets.
 	what := "connect to monitors " + p.monHost
-	n := errnoOf(err)
+	n := cepherr.Errno(err)
 	switch syscall.Errno(n) {
 	case syscall.EACCES, syscall.EPERM:
-		return fmt.Errorf("%s: %w", what, authError{&cephError{errno: n, kind: fs.ErrPermission, err: err}})
+		return fmt.Errorf("%s: %w", what, cepherr.Refused(err))
 	case syscall.EINVAL, syscall.EOPNOTSUPP: // reef, tentacle
 		if why := keyTrouble(p.key); why != "" {
-			return fmt.Errorf("%s: %s: %w", what, why, &cephError{errno: n, kind: fs.ErrInvalid, err: err})
+			return fmt.Errorf("%s: %s: %w", what, why, cepherr.As(fs.ErrInvalid, err))
 		}
 	case syscall.ETIMEDOUT:
 		if reachable(p.dial, dialTimeout) {
 			return fmt.Errorf("%s: the monitors accept connections but gave no session within %s "+
 				"(no quorum, or a monitor that does not answer); try again later: %w",
-				what, t.mount, &cephError{errno: n, kind: os.ErrDeadlineExceeded, err: err})
+				what, t.mount, cepherr.As(os.ErrDeadlineExceeded, err))
 		}
 		return fmt.Errorf("%s: monitors %v unreachable: %w",
-			what, p.dial, &cephError{errno: n, kind: os.ErrDeadlineExceeded, err: err})
+			what, p.dial, cepherr.As(os.ErrDeadlineExceeded, err))
 	}
-	return wrap(what, err)
+	return cepherr.Wrap(what, err)
 }
 
 // keyTrouble says why librados may have refused key (reef with EINVAL,

@@ -54,7 +54,8 @@
 //
 // Every error says what was being done ("open image rbd/vol: no such file
 // or directory") and never contains a key. Errors are classified by
-// wrapping the standard sentinels, tested with errors.Is:
+// wrapping the standard sentinels (internal/cepherr maps librados' and
+// librbd's errnos to them), tested with errors.Is:
 //
 //	fs.ErrNotExist          cluster ID, pool, namespace, image or snapshot unknown;
 //	                        a handle that names a volume or nothing; from
@@ -70,12 +71,16 @@
 //	                        a delta with a flattened Ceph-CSI snapshot; an image
 //	                        under live migration, or a clone of one
 //	os.ErrDeadlineExceeded  the monitors are unreachable or give no session in
-//	                        time (no quorum, hung), or librados timed out; an
-//	                        OSD could not load an object class (EOPNOTSUPP)
+//	                        time (no quorum, hung), or librados timed out
+//	cepherr.ErrUnavailable  an OSD could not load an object class (EOPNOTSUPP);
+//	                        its Temporary method returns true (UNAVAILABLE)
 //
-// Context errors and the errors of Iterate's callback are returned as they
-// are. Anything else is unclassified (an internal error), including a
-// missing or broken cluster config file.
+// Errors that go away by themselves (timeouts, connections reset or shut
+// down, EAGAIN, EOPNOTSUPP) have a Temporary method that returns true, and
+// a Reason for the driver's resume metric. Context errors and the errors
+// of Iterate's callback are returned as they are. Anything else is
+// unclassified (an internal error), including a missing or broken cluster
+// config file.
 //
 // # Iteration
 //
