@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/ceph/go-ceph/rados"
+
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd/internal/conn"
 )
 
 // Options configure a Source. Zero values select the defaults.
@@ -80,7 +82,7 @@ const (
 type Source struct {
 	opts   Options
 	config *config
-	conns  *connCache
+	conns  *conn.Cache
 }
 
 // NewSource returns a Source; Close releases it.
@@ -97,11 +99,11 @@ func NewSource(o Options) *Source {
 	if o.MaxConnAge <= 0 {
 		o.MaxConnAge = DefaultMaxConnAge
 	}
-	t := timeouts{mount: o.MountTimeout, op: o.OpTimeout}
+	t := conn.Timeouts{Mount: o.MountTimeout, Op: o.OpTimeout}
 	return &Source{
 		opts:   o,
 		config: &config{path: o.ConfigPath},
-		conns:  newConnCache(t.connector(), o.IdleTimeout, o.MaxConnAge),
+		conns:  conn.NewCache(t, o.IdleTimeout, o.MaxConnAge),
 	}
 }
 
@@ -109,12 +111,15 @@ func NewSource(o Options) *Source {
 // when their Diffs close. It waits for connect attempts in flight (at most
 // about MountTimeout). Open fails after Close.
 func (s *Source) Close() error {
-	s.conns.close()
+	s.conns.Close()
 	return nil
 }
 
+// Stats counts a Source's cluster connections.
+type Stats = conn.Stats
+
 // Stats counts the cached connections.
-func (s *Source) Stats() Stats { return s.conns.stats() }
+func (s *Source) Stats() Stats { return s.conns.Stats() }
 
 // Open resolves the snapshots of req and prepares one diff: the allocated
 // extents of Target when Base is empty, otherwise the extents that changed
@@ -144,12 +149,12 @@ func (s *Source) Open(ctx context.Context, req Request) (_ *Diff, err error) {
 	if err != nil {
 		return nil, err
 	}
-	host, dial, err := monHost(cl.Monitors)
+	host, dial, err := conn.MonHost(cl.Monitors)
 	if err != nil {
 		// The server's configuration is broken: not the caller's fault.
 		return nil, fmt.Errorf("cluster %q in the cluster config: %v", cl.ID, err)
 	}
-	lc := &lazyConn{ctx: ctx, cache: s.conns, params: connParams{monHost: host, dial: dial, user: user, key: key}}
+	lc := &lazyConn{ctx: ctx, cache: s.conns, params: conn.Params{MonHost: host, Dial: dial, User: user, Key: key}}
 	defer lc.release() // unless handed to the Diff
 
 	tref, err := target.resolve(cl, lc.get)
@@ -235,25 +240,25 @@ func credentials(secrets map[string]string) (user, key string, err error) {
 // IDs resolve without it, so that malformed requests fail without a connect.
 type lazyConn struct {
 	ctx    context.Context
-	cache  *connCache
-	params connParams
-	cc     *cachedConn
+	cache  *conn.Cache
+	params conn.Params
+	cc     *conn.Conn
 }
 
 // get returns the connection, connecting on first use.
 func (l *lazyConn) get() (*rados.Conn, error) {
 	if l.cc == nil {
-		cc, err := l.cache.get(l.ctx, l.params)
+		cc, err := l.cache.Get(l.ctx, l.params)
 		if err != nil {
 			return nil, err
 		}
 		l.cc = cc
 	}
-	return l.cc.conn, nil
+	return l.cc.Rados(), nil
 }
 
 // take hands the reference to the caller; release then does nothing.
-func (l *lazyConn) take() *cachedConn {
+func (l *lazyConn) take() *conn.Conn {
 	cc := l.cc
 	l.cc = nil
 	return cc
@@ -262,7 +267,7 @@ func (l *lazyConn) take() *cachedConn {
 // release drops the reference unless it was taken.
 func (l *lazyConn) release() {
 	if l.cc != nil {
-		l.cache.release(l.cc)
+		l.cache.Release(l.cc)
 		l.cc = nil
 	}
 }
