@@ -55,8 +55,8 @@ func connect(p Params, t Timeouts) (*rados.Conn, error) {
 		{"rados_osd_op_timeout", seconds(t.Op)},
 		// A library does not log: errors are returned, classified. These
 		// apply once connected; before that librados writes to std::cerr,
-		// which the package silences for every connection when it loads
-		// (the init in precise_rados.go, rsm_silence_cerr in radospp.cpp).
+		// which this package silences for every connection when it loads
+		// (the init in cerr.go, rsm_silence_cerr in cerr.cpp).
 		{"log_to_stderr", "false"},
 		{"err_to_stderr", "false"},
 	} {
