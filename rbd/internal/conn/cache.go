@@ -31,8 +31,8 @@ func (p Params) cacheKey() cacheKey {
 	return cacheKey{monHost: p.MonHost, user: p.User, keySum: sha256.Sum256([]byte(p.Key))}
 }
 
-// Conn is one cached cluster connection, shared by every Diff that uses
-// the same monitors and credentials. Cache.Get hands out a reference to
+// Conn is one cached cluster connection, shared by every user (rbd's
+// Diffs) of the same monitors and credentials. Cache.Get hands out a reference to
 // it, which Cache.Release returns.
 type Conn struct {
 	key   cacheKey
@@ -56,7 +56,7 @@ const maxConnecting = 8
 // errClosed is returned by Get after Close.
 var errClosed = errors.New("rbd source is closed")
 
-// Cache shares cluster connections between Diffs. Connections are
+// Cache shares cluster connections between their users (rbd's Diffs). Connections are
 // reference-counted: Get takes a reference, Release drops it. A connection
 // that nobody has used for the idle time is shut down by a janitor
 // goroutine, and Close shuts down every connection once it is released.
