@@ -257,30 +257,38 @@ func TestConnCacheDiscard(t *testing.T) {
 // past its maximum age; the stream that holds it keeps it, and it is shut
 // down at its last release.
 func TestConnCacheMaxAge(t *testing.T) {
+	const maxAge = 50 * time.Millisecond
 	f := &fakeConnector{}
-	c := newTestCacheAged(t, f, time.Hour, 50*time.Millisecond)
+	c := newTestCacheAged(t, f, time.Hour, maxAge)
 	held, err := c.Get(context.Background(), params)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Busy: always at least one reference, never idle.
-	for time.Since(held.born) < 50*time.Millisecond {
+	// Busy: always at least one reference, never idle. Get looks at held's
+	// age some time between before and after: it must hand out held when
+	// after is short of maxAge, and a fresh one when before is past it.
+	var fresh *Conn
+	for fresh == nil {
+		before := time.Since(held.born)
 		cc, err := c.Get(context.Background(), params)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if cc != held {
+		after := time.Since(held.born)
+		switch {
+		case cc != held && after < maxAge:
 			t.Fatal("a second connection before the first one's maximum age")
+		case cc == held && before >= maxAge:
+			t.Fatalf("past its maximum age (%v): same connection", before)
+		case cc != held:
+			fresh = cc
+		default:
+			c.Release(cc)
+			time.Sleep(5 * time.Millisecond)
 		}
-		c.Release(cc)
-		time.Sleep(5 * time.Millisecond)
 	}
-	fresh, err := c.Get(context.Background(), params)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if fresh == held || f.connects.Load() != 2 {
-		t.Fatalf("past its maximum age: same connection %v, %d connects", fresh == held, f.connects.Load())
+	if f.connects.Load() != 2 {
+		t.Fatalf("past its maximum age: %d connects, want 2", f.connects.Load())
 	}
 	if f.shut.Load() != 0 {
 		t.Fatal("a connection still held was shut down")
