@@ -13,14 +13,16 @@ import (
 
 	"github.com/ceph/go-ceph/rados"
 	librbd "github.com/ceph/go-ceph/rbd"
+
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd/internal/conn"
 )
 
 // Diff is one prepared diff: an image opened read-only at its target
 // snapshot, and optionally a base snapshot of the same image. Iterate may
 // run many times; calls are serialized. Close releases it.
 type Diff struct {
-	conns *connCache
-	cc    *cachedConn
+	conns *conn.Cache
+	cc    *conn.Conn
 
 	target snapRef
 	base   *snapRef // nil: allocated extents
@@ -54,7 +56,7 @@ type Diff struct {
 // rbd_get_size, rbd_metadata_get, rbd_read.
 func (d *Diff) open() error {
 	t := &d.target
-	ioctx, err := d.cc.conn.OpenIOContext(t.pool)
+	ioctx, err := d.cc.Rados().OpenIOContext(t.pool)
 	if err != nil {
 		return cepherr.Wrap("open pool "+t.pool, err)
 	}
@@ -74,7 +76,7 @@ func (d *Diff) open() error {
 		return err
 	}
 
-	if err := refuseMigrating(d.cc.conn, d.image, t.imageSpec(), 0); err != nil {
+	if err := refuseMigrating(d.cc.Rados(), d.image, t.imageSpec(), 0); err != nil {
 		return err
 	}
 	if err := d.lookupSnap(t); err != nil {
@@ -376,7 +378,7 @@ func (d *Diff) Iterate(ctx context.Context, offset int64, fn func(offset, length
 // than reuse a connection that an outage may have left broken.
 func (d *Diff) discardConnOnTimeout(err error) {
 	if d.cc != nil && cepherr.Temporary(err) {
-		d.conns.discard(d.cc)
+		d.conns.Discard(d.cc)
 	}
 }
 
@@ -559,6 +561,6 @@ func (d *Diff) Close() error {
 		d.ioctx.Destroy()
 		d.ioctx = nil
 	}
-	d.conns.release(d.cc)
+	d.conns.Release(d.cc)
 	return err
 }

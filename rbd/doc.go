@@ -45,10 +45,15 @@
 //
 // Cluster connections are cached per monitor set, cephx user and key (by
 // its SHA-256), shared by concurrent Diffs, and shut down after an idle
-// time or on Source.Close. Credentials come from the request's secrets
-// userID and userKey. librados is configured without files: mon_host, key,
-// keyring=/dev/null and bounded timeouts (client_mount_timeout,
-// rados_mon_op_timeout, rados_osd_op_timeout).
+// time (Options.IdleTimeout) or on Source.Close. None serves a new request
+// past Options.MaxConnAge, the bound on how long a revoked key keeps
+// working; a Diff that fails with a timeout or another temporary error
+// discards its connection, so that the next Open connects anew.
+// Credentials come from the request's secrets userID and userKey. librados
+// is configured without files: mon_host, key, keyring=/dev/null and
+// bounded timeouts (client_mount_timeout, rados_mon_op_timeout,
+// rados_osd_op_timeout). internal/conn holds the cache, connect and the
+// probing of monitor addresses; its package comment tells the whole story.
 //
 // # Errors
 //

@@ -213,7 +213,7 @@ func (d *Diff) recordLineages() error {
 	d.lineages = d.lineages[:0]
 	for _, r := range d.snaps() {
 		first.pool, first.namespace, first.snapID = r.pool, r.namespace, r.snapID
-		ln, err := readLineage(d.cc.conn, first)
+		ln, err := readLineage(d.cc.Rados(), first)
 		if err != nil {
 			return err
 		}
@@ -240,7 +240,7 @@ func (d *Diff) confirmLineages() error {
 		if r != &d.target {
 			what = "base"
 		}
-		got, err := readLineage(d.cc.conn, want[0])
+		got, err := readLineage(d.cc.Rados(), want[0])
 		if errors.Is(err, errVanished) {
 			// The snapshot itself went (got ends where the read failed),
 			// or one of its parents. The message names the snapshot as

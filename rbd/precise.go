@@ -247,7 +247,7 @@ func (r *refiner) byExistence() bool { return r.usable() && r.existence }
 // rbd_get_overlap, rbd_open_by_id_read_only, rbd_snap_set_by_id, rbd_read,
 // rados_ioctx_create, rados_ioctx_snap_set_read.
 func (d *Diff) openPrecise() error {
-	r := &refiner{s2: d.target.snapID, conn: d.cc.conn, walkMode: d.walk}
+	r := &refiner{s2: d.target.snapID, conn: d.cc.Rados(), walkMode: d.walk}
 	d.refine = r
 	err := r.open(d)
 	if err != nil {
@@ -266,7 +266,7 @@ func (d *Diff) openPrecise() error {
 }
 
 func (r *refiner) open(d *Diff) error {
-	conn := d.cc.conn
+	conn := d.cc.Rados()
 	if d.header == 0 {
 		magic := make([]byte, 6)
 		if n, _ := d.image.ReadAt(magic, 0); n == len(magic) &&
