@@ -229,13 +229,6 @@ func (u unrefinable) Error() string { return u.msg }
 // usable reports whether Iterate refines; false for a nil refiner.
 func (r *refiner) usable() bool { return r != nil && r.unrefined == "" }
 
-// walks reports whether Iterate walks every object (refiner.walk).
-func (r *refiner) walks() bool { return r.usable() && r.walk }
-
-// byExistence reports whether Iterate takes a delta's candidates from
-// object existence.
-func (r *refiner) byExistence() bool { return r.usable() && r.existence }
-
 // openPrecise prepares precise mode after open: the image at its target
 // snapshot, and at the base snapshot for a delta. When the image cannot be
 // refined, or preparing fails, the Diff runs librbd's exact diff and
@@ -253,9 +246,7 @@ func (d *Diff) openPrecise() error {
 	if err != nil {
 		r.close()
 		d.refine = &refiner{unrefined: err.Error(), reason: reasonOf(err)}
-		d.whole = false
-	} else {
-		d.whole = true // stage 1 is the whole-object diff
+		d.whole = false // librbd's exact diff
 	}
 	if d.base != nil {
 		if err := d.image.SetSnapByID(d.target.snapID); err != nil {
@@ -468,10 +459,98 @@ func (r *refiner) close() {
 	r.ioctxs = nil
 }
 
+// Objects is one whole-object diff that precise mode asks of its Differ:
+// the objects of the raw range [Off, Off+Len) at snapshot At, those that
+// changed since snapshot From (0: from the beginning, so the objects that
+// hold data), with the parent's objects when Parent is set.
+type Objects struct {
+	At, From uint64
+	Parent   bool
+	Off, Len int64
+}
+
+// Differ is what precise mode needs from librbd: its whole-object diff,
+// which with fast-diff reads only the object maps.
+//
+// DiffObjects calls fn for each object (or run of adjacent objects) that
+// the diff q names, in ascending order and without overlap, with exists
+// false for one that does not exist at q.At (a discard or removal, for a
+// diff from a snapshot). At a snapshot other than the image's target the
+// range is clipped to that snapshot's size. fn is called on the goroutine
+// that called DiffObjects and may block; DiffObjects returns once fn
+// returned for the last object.
+//
+// When fn returns an error, or ctx ends, DiffObjects stops at once and
+// returns that error unchanged, whatever librbd answers afterwards; fn is
+// not called again. A panic of fn is raised again by DiffObjects once
+// librbd has returned. Other errors are librbd's, classified as the
+// package's errors are (cepherr), and name the diff.
+type Differ interface {
+	DiffObjects(ctx context.Context, q Objects, fn func(off, length int64, exists bool) error) error
+}
+
+// iterate refines the raw range [off, off+length) of an Iterate call and
+// delivers the extents to emit, in image order, on the calling goroutine.
+// It asks differ for the candidates: the objects that hold data at the
+// target (allocated); for a delta by existence the objects the image
+// itself holds at the base, then at the target; for a delta by object map
+// the objects that changed since the base. Walking (no usable object map),
+// it asks differ nothing. An error of emit is returned unchanged.
+func (r *refiner) iterate(ctx context.Context, differ Differ, off, length int64, emit func(off, length int64) error) error {
+	if r.walk {
+		// No usable object map: precise mode lists the objects itself.
+		pipe := r.pipeline(ctx, off, length, nil, emit)
+		rs, err := r.walkRanges(ctx, off, off+length)
+		if err == nil {
+			pipe.walk(rs)
+		}
+		return pipe.finish(err)
+	}
+	q := Objects{At: r.s2, Parent: true, Off: off, Len: length}
+	var existing []span
+	if r.base != nil {
+		q.From = r.s1
+		if r.existence {
+			var err error
+			if existing, err = r.existing(ctx, differ, off, length); err != nil {
+				return err
+			}
+			// The objects the image itself holds at the target.
+			q.From, q.Parent = 0, false
+		}
+	}
+	pipe := r.pipeline(ctx, off, length, existing, emit)
+	return pipe.finish(differ.DiffObjects(ctx, q, pipe.feed))
+}
+
+// existing returns the raw ranges, in whole objects and ascending, of the
+// objects that the image itself (not its parent) holds at the base
+// snapshot within [off, off+length). They come from librbd's whole-object
+// diff from the beginning, which with fast-diff reads the existence bits
+// of the object maps; unlike the maps' dirty bits, existence stays right
+// after a rollback or a copy-up.
+func (r *refiner) existing(ctx context.Context, differ Differ, off, length int64) ([]span, error) {
+	var out []span
+	err := differ.DiffObjects(ctx, Objects{At: r.s1, Off: off, Len: length}, func(o, l int64, exists bool) error {
+		if exists {
+			if n := len(out); n > 0 && out[n-1].end() == o {
+				out[n-1].len += l
+			} else {
+				out = append(out, span{o, l})
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // pipeline returns the pipeline of one Iterate call over the raw range
 // [off, off+length), delivering to emit. existing are the raw ranges of
 // the objects that exist at s1, when candidates come from existence.
-func (r *refiner) pipeline(ctx context.Context, off, length uint64, existing []span, emit librbd.DiffIterateCallback) *pipeline {
+func (r *refiner) pipeline(ctx context.Context, off, length int64, existing []span, emit func(off, length int64) error) *pipeline {
 	refine := r.allocated
 	if r.base != nil {
 		refine = r.delta
@@ -486,9 +565,9 @@ func (r *refiner) pipeline(ctx context.Context, off, length uint64, existing []s
 		return p
 	}
 	p := newPipeline(ctx, r.top.objSize, preciseWindow, skipGone, refine, emit, r.fellBack)
-	p.forced = forcedRanges(r.top.objSize, int64(off), int64(off+length), append([]span{r.shrunk, r.lostParent}, existing...))
+	p.forced = forcedRanges(r.top.objSize, off, off+length, append([]span{r.shrunk, r.lostParent}, existing...))
 	if r.existence && r.base != nil {
-		p.before, p.hasBefore = forcedRanges(r.top.objSize, int64(off), int64(off+length), existing), true
+		p.before, p.hasBefore = forcedRanges(r.top.objSize, off, off+length, existing), true
 	}
 	return p
 }
