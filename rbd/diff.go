@@ -174,12 +174,13 @@ func refuseMigrating(conn *rados.Conn, img *librbd.Image, spec string, depth int
 // Implements (through go-ceph): rbd_snap_set_by_id, rbd_get_size,
 // rbd_snap_list.
 func (d *Diff) cutOff() (lo, hi int64, err error) {
-	if err := d.image.SetSnapByID(d.base.snapID); err != nil {
-		return 0, 0, cepherr.Wrap("set image to snapshot "+d.base.String(), err)
-	}
-	size1, err := d.image.GetSize()
+	err = d.image.SetSnapByID(d.base.snapID)
+	var size1 uint64
 	if err == nil {
-		err = d.image.SetSnapByID(d.target.snapID)
+		size1, err = d.image.GetSize()
+	}
+	if serr := d.image.SetSnapByID(d.target.snapID); err == nil && serr != nil {
+		err = serr
 	}
 	if err != nil {
 		return 0, 0, cepherr.Wrap("get size of snapshot "+d.base.String(), err)
@@ -196,6 +197,32 @@ func (d *Diff) cutOff() (lo, hi int64, err error) {
 		}
 	}
 	return lo, hi, nil
+}
+
+// openPrecise prepares precise mode (precise.go) after open: the image as
+// plain values, from which precise mode opens handles of its own. When it
+// cannot refine, the Diff runs librbd's exact diff and PreciseStats says
+// why. Only failing to read what a shrink cut off is an error.
+func (d *Diff) openPrecise() error {
+	t := d.target
+	img := preciseImage{Conn: d.cc.conn, Pool: t.pool, Namespace: t.namespace, ID: t.imageID, Name: t.image, Spec: t.imageSpec(),
+		Target: t.snapID, Size: d.capacity + d.header, Header: d.header}
+	if d.header == 0 {
+		img.LibrbdEncrypted = librbdEncrypted(d.image)
+	}
+	if d.base != nil {
+		img.Base = d.base.snapID
+		lo, hi, err := d.cutOff()
+		if err != nil {
+			return err
+		}
+		img.Shrunk = [2]int64{lo, hi}
+	}
+	d.refine = openRefiner(img, preciseOptions{TrustObjectMap: d.trustObjectMap, Walk: d.walk})
+	if !d.refine.usable() {
+		d.whole = false // librbd's exact diff
+	}
+	return nil
 }
 
 // lookupSnap fills r.snapID from r.snapName when it is not known yet.

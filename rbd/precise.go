@@ -52,7 +52,6 @@ package rbd
 // read of the object.
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -229,80 +228,120 @@ func (u unrefinable) Error() string { return u.msg }
 // usable reports whether Iterate refines; false for a nil refiner.
 func (r *refiner) usable() bool { return r != nil && r.unrefined == "" }
 
-// openPrecise prepares precise mode after open: the image at its target
-// snapshot, and at the base snapshot for a delta. When the image cannot be
-// refined, or preparing fails, the Diff runs librbd's exact diff and
-// PreciseStats says why. d.image is left at the target snapshot; failing
-// to put it back there is the only error.
-//
-// Implements (through go-ceph): rbd_stat, rbd_get_stripe_unit,
-// rbd_get_stripe_count, rbd_get_features, rbd_get_old_format, rbd_get_parent,
-// rbd_get_overlap, rbd_open_by_id_read_only, rbd_snap_set_by_id, rbd_read,
-// rados_ioctx_create, rados_ioctx_snap_set_read.
-func (d *Diff) openPrecise() error {
-	r := &refiner{s2: d.target.snapID, conn: d.cc.conn, walkMode: d.walk}
-	d.refine = r
-	err := r.open(d)
-	if err != nil {
-		r.close()
-		d.refine = &refiner{unrefined: err.Error(), reason: reasonOf(err)}
-		d.whole = false // librbd's exact diff
-	}
-	if d.base != nil {
-		if err := d.image.SetSnapByID(d.target.snapID); err != nil {
-			return cepherr.Wrap("set image to snapshot "+d.target.String(), err)
-		}
-	}
-	return nil
+// preciseImage is the image that precise mode refines, as plain values: Open
+// opens read-only handles of its own.
+type preciseImage struct {
+	Conn            *rados.Conn
+	Pool, Namespace string
+	// ID is the image's ID; a format 1 image has none and is opened by
+	// Name.
+	ID, Name string
+	// Spec names the image in messages: pool[/namespace]/image.
+	Spec string
+	// Target and Base are snapshot IDs; Base is 0 for allocated extents.
+	Target, Base uint64
+	// Size is the size of the target snapshot in bytes, LUKS header
+	// included.
+	Size int64
+	// Header is the LUKS header before the user's data of a Ceph-CSI
+	// encrypted volume; 0 when there is none.
+	Header int64
+	// LibrbdEncrypted: the image starts with a LUKS or librbd encryption
+	// header without Ceph-CSI's encryption metadata.
+	LibrbdEncrypted bool
+	// Shrunk is the range [Shrunk[0], Shrunk[1]) that a snapshot between
+	// the base and the target cut off, and that both have (an image
+	// shrunk, snapshotted and grown again between them): librbd's object
+	// map diff (reef 18.2.7) can miss the objects there.
+	Shrunk [2]int64
 }
 
-func (r *refiner) open(d *Diff) error {
-	conn := d.cc.conn
-	if d.header == 0 {
-		magic := make([]byte, 6)
-		if n, _ := d.image.ReadAt(magic, 0); n == len(magic) &&
-			(bytes.Equal(magic, []byte("LUKS\xba\xbe")) || bytes.HasPrefix(magic, []byte("RBDL"))) {
-			return unrefinable{ReasonEncrypted, "the image looks encrypted by librbd (a LUKS header without Ceph-CSI's encryption metadata)"}
-		}
+// preciseOptions configure precise mode: Options.TrustObjectMap and
+// Options.Walk of the package rbd.
+type preciseOptions struct {
+	TrustObjectMap bool
+	Walk           string
+}
+
+// openRefiner prepares precise mode for img. When the image cannot be
+// refined, or preparing fails, the refiner does not refine (usable is
+// false) and its stats say why: the Diff runs librbd's exact diff.
+func openRefiner(img preciseImage, o preciseOptions) *refiner {
+	r := &refiner{s2: img.Target, conn: img.Conn, walkMode: o.Walk}
+	if err := r.open(img, o); err != nil {
+		r.close()
+		return &refiner{unrefined: err.Error(), reason: reasonOf(err)}
 	}
-	t := d.target
-	var err error
-	if r.top, err = r.layer(conn, t.pool, t.namespace, d.image, t.snapID, 0); err != nil {
+	return r
+}
+
+// open reads the image's layers at the target (and base) snapshot, on a
+// handle of its own.
+//
+// Implements (through go-ceph): rados_ioctx_create, rbd_open_by_id_read_only
+// (rbd_open_read_only for format 1), rbd_snap_set_by_id, rbd_stat,
+// rbd_get_stripe_unit, rbd_get_stripe_count, rbd_get_features,
+// rbd_get_old_format, rbd_get_parent, rbd_get_overlap, rbd_close,
+// rados_ioctx_snap_set_read.
+func (r *refiner) open(img preciseImage, o preciseOptions) error {
+	if img.Header == 0 && img.LibrbdEncrypted {
+		return unrefinable{ReasonEncrypted, "the image looks encrypted by librbd (a LUKS header without Ceph-CSI's encryption metadata)"}
+	}
+	hio, err := img.Conn.OpenIOContext(img.Pool)
+	if err != nil {
+		return cepherr.Wrap("open pool "+img.Pool, err)
+	}
+	defer hio.Destroy()
+	hio.SetNamespace(img.Namespace)
+	var h *librbd.Image
+	if img.ID != "" {
+		h, err = librbd.OpenImageByIdReadOnly(hio, img.ID, librbd.NoSnapshot)
+	} else {
+		h, err = librbd.OpenImageReadOnly(hio, img.Name, librbd.NoSnapshot)
+	}
+	if err != nil {
+		return cepherr.Wrap("open image "+img.Spec, err)
+	}
+	defer h.Close()
+	if err := h.SetSnapByID(img.Target); err != nil {
+		return cepherr.Wrap(fmt.Sprintf("set image %s to snapshot %d", img.Spec, img.Target), err)
+	}
+	if r.top, err = r.layer(img.Conn, img.Pool, img.Namespace, h, img.Target, 0); err != nil {
 		return err
 	}
-	if d.walk != WalkLibrbd {
-		if r.walk, err = d.noObjectMap(); err != nil {
+	if o.Walk != WalkLibrbd {
+		snaps := []uint64{img.Target}
+		if img.Base != 0 {
+			snaps = append(snaps, img.Base)
+		}
+		if r.walk, err = noObjectMap(h, hio, img.Spec, snaps); err != nil {
 			return err
 		}
 	}
-	if d.base == nil {
+	if img.Base == 0 {
 		return nil
 	}
-	r.s1 = d.base.snapID
-	if err := d.image.SetSnapByID(r.s1); err != nil {
-		return cepherr.Wrap("set image to snapshot "+d.base.String(), err)
+	r.s1 = img.Base
+	if err := h.SetSnapByID(r.s1); err != nil {
+		return cepherr.Wrap(fmt.Sprintf("set image %s to snapshot %d", img.Spec, img.Base), err)
 	}
-	if r.base, err = r.layer(conn, t.pool, t.namespace, d.image, r.s1, 0); err != nil {
+	if r.base, err = r.layer(img.Conn, img.Pool, img.Namespace, h, r.s1, 0); err != nil {
 		return err
 	}
-	lo, hi, err := d.cutOff()
-	if err != nil {
-		return err
-	}
-	r.shrunk = span{lo, hi - lo}
+	r.shrunk = span{img.Shrunk[0], img.Shrunk[1] - img.Shrunk[0]}
 	if ov1, ov2 := r.base.overlap, r.top.overlap; ov2 < ov1 {
-		r.lostParent = span{ov2, min(ov1, d.capacity+d.header) - ov2}
+		r.lostParent = span{ov2, min(ov1, img.Size) - ov2}
 	}
-	if !d.trustObjectMap && !r.walk {
+	if !o.TrustObjectMap && !r.walk {
 		// Without fast-diff, librbd's whole-object diff runs list_snaps on
 		// every object: exact already, and existence would only cost more.
-		features, err := d.image.GetFeatures()
+		features, err := h.GetFeatures()
 		if err != nil {
 			return cepherr.Wrap("get features", err)
 		}
 		r.existence = features&librbd.FeatureFastDiff != 0
 	}
-	if r.dir, err = r.ioctx(conn, r.top.pool, t.namespace, snapDir); err != nil {
+	if r.dir, err = r.ioctx(img.Conn, r.top.pool, img.Namespace, snapDir); err != nil {
 		return err
 	}
 	return nil
