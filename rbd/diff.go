@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd/internal/cepherr"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd/precise"
 	"io/fs"
 	"math"
 	"runtime/debug"
@@ -24,7 +25,7 @@ type Diff struct {
 	target snapRef
 	base   *snapRef // nil: allocated extents
 	whole  bool
-	refine *refiner // precise mode (precise.go); nil when off
+	refine *precise.Refiner // precise mode (package precise); nil when off
 	// trustObjectMap: precise deltas take their candidates from the
 	// object map's dirty bits (Options.TrustObjectMap).
 	trustObjectMap bool
@@ -199,32 +200,6 @@ func (d *Diff) cutOff() (lo, hi int64, err error) {
 	return lo, hi, nil
 }
 
-// openPrecise prepares precise mode (precise.go) after open: the image as
-// plain values, from which precise mode opens handles of its own. When it
-// cannot refine, the Diff runs librbd's exact diff and PreciseStats says
-// why. Only failing to read what a shrink cut off is an error.
-func (d *Diff) openPrecise() error {
-	t := d.target
-	img := preciseImage{Conn: d.cc.conn, Pool: t.pool, Namespace: t.namespace, ID: t.imageID, Name: t.image, Spec: t.imageSpec(),
-		Target: t.snapID, Size: d.capacity + d.header, Header: d.header}
-	if d.header == 0 {
-		img.LibrbdEncrypted = librbdEncrypted(d.image)
-	}
-	if d.base != nil {
-		img.Base = d.base.snapID
-		lo, hi, err := d.cutOff()
-		if err != nil {
-			return err
-		}
-		img.Shrunk = [2]int64{lo, hi}
-	}
-	d.refine = openRefiner(img, preciseOptions{TrustObjectMap: d.trustObjectMap, Walk: d.walk})
-	if !d.refine.usable() {
-		d.whole = false // librbd's exact diff
-	}
-	return nil
-}
-
 // lookupSnap fills r.snapID from r.snapName when it is not known yet.
 func (d *Diff) lookupSnap(r *snapRef) error {
 	if r.snapID != 0 {
@@ -253,7 +228,7 @@ func (d *Diff) Capacity() int64 { return d.capacity }
 //     objects discarded since (they read as zeros now).
 //
 // The extents come from one librbd diff-iterate (diff), or from precise
-// mode (precise.go), which asks librbd for whole-object diffs through the
+// mode (package precise), which asks librbd for whole-object diffs through the
 // same bridge, or walks the objects itself.
 //
 // When fn returns an error or ctx is done, Iterate stops at the next
@@ -314,8 +289,8 @@ func (d *Diff) Iterate(ctx context.Context, offset int64, fn func(offset, length
 	}
 	rawOff, rawLen := offset+d.header, d.capacity-offset
 	var err error
-	if d.refine.usable() {
-		err = d.refine.iterate(ctx, objectDiffer{d}, rawOff, rawLen, emit)
+	if d.refine.Refines() {
+		err = d.refine.Iterate(ctx, objectDiffer{d}, rawOff, rawLen, emit)
 	} else {
 		err = d.diff(ctx, d.query(rawOff, rawLen), d.whole, func(off, length int64, exists bool) error {
 			if !exists && d.base == nil {
@@ -353,8 +328,8 @@ func callFn(fn func(offset, length int64) error, off, length int64, p **callback
 // query is the librbd diff of the raw range [off, off+length) that Iterate
 // runs without precise mode: from the beginning or the base, at the
 // target, with the parent.
-func (d *Diff) query(off, length int64) Objects {
-	q := Objects{At: d.target.snapID, Parent: true, Off: off, Len: length}
+func (d *Diff) query(off, length int64) precise.Objects {
+	q := precise.Objects{At: d.target.snapID, Parent: true, Off: off, Len: length}
 	if d.base != nil {
 		q.From = d.base.snapID
 	}
@@ -411,7 +386,7 @@ func (d *Diff) Close() error {
 		return nil
 	}
 	d.closed = true
-	d.refine.close()
+	d.refine.Close()
 	var err error
 	if d.image != nil {
 		err = cepherr.Wrap("close image "+d.target.imageSpec(), d.image.Close())

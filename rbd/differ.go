@@ -8,6 +8,7 @@ import (
 	"syscall"
 
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd/internal/cepherr"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd/precise"
 
 	librbd "github.com/ceph/go-ceph/rbd"
 )
@@ -20,7 +21,7 @@ const errStop = -int(syscall.ECANCELED)
 // its image.
 type objectDiffer struct{ d *Diff }
 
-func (o objectDiffer) DiffObjects(ctx context.Context, q Objects, fn func(off, length int64, exists bool) error) error {
+func (o objectDiffer) DiffObjects(ctx context.Context, q precise.Objects, fn func(off, length int64, exists bool) error) error {
 	return o.d.diff(ctx, q, true, fn)
 }
 
@@ -38,7 +39,7 @@ func (o objectDiffer) DiffObjects(ctx context.Context, q Objects, fn func(off, l
 //
 // librbd calls back on the calling thread: fn may block, which blocks
 // librbd.
-func (d *Diff) diff(ctx context.Context, q Objects, whole bool, fn func(off, length int64, exists bool) error) error {
+func (d *Diff) diff(ctx context.Context, q precise.Objects, whole bool, fn func(off, length int64, exists bool) error) error {
 	var (
 		kept     error
 		panicked *callbackPanic
@@ -85,7 +86,7 @@ func (d *Diff) diff(ctx context.Context, q Objects, whole bool, fn func(off, len
 //
 // Implements (through go-ceph): rbd_diff_iterate3, rbd_diff_iterate2,
 // rbd_snap_set_by_id, rbd_get_size.
-func (d *Diff) diffIterate(q Objects, whole bool, cb librbd.DiffIterateCallback, called func() bool) error {
+func (d *Diff) diffIterate(q precise.Objects, whole bool, cb librbd.DiffIterateCallback, called func() bool) error {
 	wholeObject, parent := librbd.DisableWholeObject, librbd.ExcludeParent
 	if whole {
 		wholeObject = librbd.EnableWholeObject

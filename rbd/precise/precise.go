@@ -1,9 +1,16 @@
-package rbd
-
-// Precise mode (Options.Precise) reports the bytes that really changed,
-// where librbd reports whole objects or ranges far larger than the change.
-// It has three stages, all within the one librbd diff-iterate of an
-// Iterate call:
+// Package precise is precise mode (rbd.Options.Precise): it reports the
+// bytes that really changed, where librbd reports whole objects or ranges
+// far larger than the change.
+//
+// It has one door. rbd hands Open the image as plain values (Image) and
+// gets a Refiner, which opens read-only handles of its own; Open never
+// fails: a Refiner that cannot refine says why (Refines, Stats), and rbd
+// runs librbd's exact diff instead. Refiner.Iterate asks librbd for what it
+// needs only through the Differ it is given (whole-object diffs), and
+// delivers the refined extents to one emit function. Stats counts its
+// work; Close releases its handles. It imports nothing of rbd.
+//
+// It has three stages, within an Iterate call:
 //
 //  1. candidates: librbd's whole-object diff-iterate, which with fast-diff
 //     reads only the object maps, names the objects that hold data at the
@@ -23,7 +30,7 @@ package rbd
 //     and Rook's example StorageClasses make them, or a map flagged
 //     invalid) has no cheap stage 1: librbd's whole-object diff would run
 //     list_snaps on every object, one at a time. There every object of
-//     the range is a candidate instead (refiner.walk, pipeline.walk),
+//     the range is a candidate instead (Refiner.walk, pipeline.walk),
 //     refined preciseWalkWindow at a time; one that exists at neither
 //     snapshot costs one list_snaps (ENOENT) and yields nothing, unless
 //     the target lost parent data there;
@@ -32,15 +39,15 @@ package rbd
 //     data pool when it has one, in the image's namespace): list_snaps
 //     (existence, size and clone overlap per snapshot) and mapext
 //     (allocated extents at a snapshot, without data), up to
-//     preciseWindow objects at once, by the rules of precise_rules.go; a
+//     preciseWindow objects at once, by the rules of rules.go; a
 //     clone's object that does not exist takes its parent's extents at the
 //     parent snapshot, within the overlap, up the chain. An erasure-coded
 //     data pool refuses mapext: there the extents come from per-4 KiB
-//     checksums instead (precise_extents.go). Where a clone's object may
+//     checksums instead (extents.go). Where a clone's object may
 //     hold a copy of its parent's data, the same checksums tell the copy
-//     from the change (precise_copyup.go);
+//     from the change (copyup.go);
 //  3. delivery: refined extents reach Iterate's callback in image order,
-//     through a bounded window (precise_pipeline.go), with the same
+//     through a bounded window (pipeline.go), with the same
 //     guarantees as the other modes.
 //
 // Refinement falls back to librbd's answer whenever it cannot be trusted:
@@ -50,6 +57,7 @@ package rbd
 // without Ceph-CSI's encryption metadata). mapext returns no data, so a
 // dense object costs no more than a sparse one; checksums cost the OSD a
 // read of the object.
+package precise
 
 import (
 	"context"
@@ -73,7 +81,7 @@ const (
 	// run (medians of 5, noisy: README, Performance).
 	preciseWindow = 32
 	// preciseWalkWindow is the same when every object is a candidate
-	// (refiner.walk): most answer ENOENT or need one list_snaps, so more
+	// (Refiner.walk): most answer ENOENT or need one list_snaps, so more
 	// in flight keep the OSD busy; maxRefining still bounds the process.
 	preciseWalkWindow = 32
 	// walkBatch is how many objects one candidate of a delta's walk
@@ -86,15 +94,15 @@ const (
 	maxParentDepth = 16
 )
 
-// PreciseStats describes the precise refinement of a Diff's iterations.
-type PreciseStats struct {
+// Stats describes the precise refinement of a Diff's iterations.
+type Stats struct {
 	// On is set when precise mode was asked for.
 	On bool
 	// Candidates says where a delta's candidates come from: "existence"
 	// or "object map" (see the package comment); for an image without a
 	// usable object map (allocated too), "listing" when the walk took the
 	// objects that RADOS' listing found, "walk" when it probed every
-	// object number (see precise_list.go); empty otherwise.
+	// object number (see list.go); empty otherwise.
 	Candidates string
 	// Unrefined says why the Diff runs librbd's exact diff instead of
 	// precise mode, UnrefinedReason the same as one of the Reason
@@ -147,10 +155,10 @@ func reasonOf(err error) string {
 	return ReasonError
 }
 
-// refiner holds what a Diff needs to refine candidates: the image's layers
+// Refiner holds what a Diff needs to refine candidates: the image's layers
 // at the target (and base) snapshot, each with an ioctx reading at its
 // snapshot, and one reading the snap sets.
-type refiner struct {
+type Refiner struct {
 	unrefined, reason string // why not; when set, nothing else is
 
 	top  *layer           // the image at the target snapshot
@@ -225,12 +233,12 @@ type unrefinable struct{ reason, msg string }
 
 func (u unrefinable) Error() string { return u.msg }
 
-// usable reports whether Iterate refines; false for a nil refiner.
-func (r *refiner) usable() bool { return r != nil && r.unrefined == "" }
+// usable reports whether Iterate refines; false for a nil Refiner.
+func (r *Refiner) Refines() bool { return r != nil && r.unrefined == "" }
 
-// preciseImage is the image that precise mode refines, as plain values: Open
+// Image is the image that precise mode refines, as plain values: Open
 // opens read-only handles of its own.
-type preciseImage struct {
+type Image struct {
 	Conn            *rados.Conn
 	Pool, Namespace string
 	// ID is the image's ID; a format 1 image has none and is opened by
@@ -256,21 +264,21 @@ type preciseImage struct {
 	Shrunk [2]int64
 }
 
-// preciseOptions configure precise mode: Options.TrustObjectMap and
+// Options configure precise mode: Options.TrustObjectMap and
 // Options.Walk of the package rbd.
-type preciseOptions struct {
+type Options struct {
 	TrustObjectMap bool
 	Walk           string
 }
 
-// openRefiner prepares precise mode for img. When the image cannot be
-// refined, or preparing fails, the refiner does not refine (usable is
+// Open prepares precise mode for img. When the image cannot be
+// refined, or preparing fails, the Refiner does not refine (usable is
 // false) and its stats say why: the Diff runs librbd's exact diff.
-func openRefiner(img preciseImage, o preciseOptions) *refiner {
-	r := &refiner{s2: img.Target, conn: img.Conn, walkMode: o.Walk}
+func Open(img Image, o Options) *Refiner {
+	r := &Refiner{s2: img.Target, conn: img.Conn, walkMode: o.Walk}
 	if err := r.open(img, o); err != nil {
-		r.close()
-		return &refiner{unrefined: err.Error(), reason: reasonOf(err)}
+		r.Close()
+		return &Refiner{unrefined: err.Error(), reason: reasonOf(err)}
 	}
 	return r
 }
@@ -283,7 +291,7 @@ func openRefiner(img preciseImage, o preciseOptions) *refiner {
 // rbd_get_stripe_unit, rbd_get_stripe_count, rbd_get_features,
 // rbd_get_old_format, rbd_get_parent, rbd_get_overlap, rbd_close,
 // rados_ioctx_snap_set_read.
-func (r *refiner) open(img preciseImage, o preciseOptions) error {
+func (r *Refiner) open(img Image, o Options) error {
 	if img.Header == 0 && img.LibrbdEncrypted {
 		return unrefinable{ReasonEncrypted, "the image looks encrypted by librbd (a LUKS header without Ceph-CSI's encryption metadata)"}
 	}
@@ -347,8 +355,8 @@ func (r *refiner) open(img preciseImage, o preciseOptions) error {
 	return nil
 }
 
-// ioctx opens an ioctx reading at snap, closed with the refiner.
-func (r *refiner) ioctx(conn *rados.Conn, pool, ns string, snap uint64) (*rados.IOContext, error) {
+// ioctx opens an ioctx reading at snap, closed with the Refiner.
+func (r *Refiner) ioctx(conn *rados.Conn, pool, ns string, snap uint64) (*rados.IOContext, error) {
 	ioctx, err := conn.OpenIOContext(pool)
 	if err != nil {
 		return nil, cepherr.Wrap("open pool "+pool, err)
@@ -362,7 +370,7 @@ func (r *refiner) ioctx(conn *rados.Conn, pool, ns string, snap uint64) (*rados.
 }
 
 // layer describes img, set to snapshot snap, and its parents.
-func (r *refiner) layer(conn *rados.Conn, pool, ns string, img *librbd.Image, snap uint64, depth int) (*layer, error) {
+func (r *Refiner) layer(conn *rados.Conn, pool, ns string, img *librbd.Image, snap uint64, depth int) (*layer, error) {
 	st, err := img.Stat()
 	if err != nil {
 		return nil, cepherr.Wrap("stat image", err)
@@ -443,7 +451,7 @@ func (r *refiner) layer(conn *rados.Conn, pool, ns string, img *librbd.Image, sn
 }
 
 // dataPool returns the name of the data pool of img, in pool and ns.
-func (r *refiner) dataPool(conn *rados.Conn, pool, ns string, img *librbd.Image) (string, error) {
+func (r *Refiner) dataPool(conn *rados.Conn, pool, ns string, img *librbd.Image) (string, error) {
 	imageID, err := img.GetId()
 	if err != nil {
 		return "", cepherr.Wrap("get image id", err)
@@ -474,7 +482,7 @@ func (r *refiner) dataPool(conn *rados.Conn, pool, ns string, img *librbd.Image)
 }
 
 // query returns the dataQuery of pool, made on first use.
-func (r *refiner) query(pool string) *dataQuery {
+func (r *Refiner) query(pool string) *dataQuery {
 	if r.queries == nil {
 		r.queries = map[string]*dataQuery{}
 	}
@@ -486,9 +494,9 @@ func (r *refiner) query(pool string) *dataQuery {
 	return q
 }
 
-// close destroys the refiner's ioctxs. Iterate, which holds the Diff's
+// close destroys the Refiner's ioctxs. Iterate, which holds the Diff's
 // lock, has waited for every query by then.
-func (r *refiner) close() {
+func (r *Refiner) Close() {
 	if r == nil {
 		return
 	}
@@ -535,7 +543,7 @@ type Differ interface {
 // itself holds at the base, then at the target; for a delta by object map
 // the objects that changed since the base. Walking (no usable object map),
 // it asks differ nothing. An error of emit is returned unchanged.
-func (r *refiner) iterate(ctx context.Context, differ Differ, off, length int64, emit func(off, length int64) error) error {
+func (r *Refiner) Iterate(ctx context.Context, differ Differ, off, length int64, emit func(off, length int64) error) error {
 	if r.walk {
 		// No usable object map: precise mode lists the objects itself.
 		pipe := r.pipeline(ctx, off, length, nil, emit)
@@ -568,7 +576,7 @@ func (r *refiner) iterate(ctx context.Context, differ Differ, off, length int64,
 // diff from the beginning, which with fast-diff reads the existence bits
 // of the object maps; unlike the maps' dirty bits, existence stays right
 // after a rollback or a copy-up.
-func (r *refiner) existing(ctx context.Context, differ Differ, off, length int64) ([]span, error) {
+func (r *Refiner) existing(ctx context.Context, differ Differ, off, length int64) ([]span, error) {
 	var out []span
 	err := differ.DiffObjects(ctx, Objects{At: r.s1, Off: off, Len: length}, func(o, l int64, exists bool) error {
 		if exists {
@@ -589,7 +597,7 @@ func (r *refiner) existing(ctx context.Context, differ Differ, off, length int64
 // pipeline returns the pipeline of one Iterate call over the raw range
 // [off, off+length), delivering to emit. existing are the raw ranges of
 // the objects that exist at s1, when candidates come from existence.
-func (r *refiner) pipeline(ctx context.Context, off, length int64, existing []span, emit func(off, length int64) error) *pipeline {
+func (r *Refiner) pipeline(ctx context.Context, off, length int64, existing []span, emit func(off, length int64) error) *pipeline {
 	refine := r.allocated
 	if r.base != nil {
 		refine = r.delta
@@ -629,7 +637,7 @@ func forcedRanges(objSize, lo, hi int64, rs []span) []span {
 	return normalize(out)
 }
 
-func (r *refiner) fellBack(err error) {
+func (r *Refiner) fellBack(err error) {
 	r.fallbacks.Add(1)
 	r.mu.Lock()
 	r.lastFallback = err.Error()
@@ -640,22 +648,22 @@ func (r *refiner) fellBack(err error) {
 	r.mu.Unlock()
 }
 
-func (r *refiner) stats() PreciseStats {
+func (r *Refiner) Stats() Stats {
 	if r == nil {
-		return PreciseStats{}
+		return Stats{}
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	st := PreciseStats{On: true, Unrefined: r.unrefined, UnrefinedReason: r.reason,
+	st := Stats{On: true, Unrefined: r.unrefined, UnrefinedReason: r.reason,
 		Objects: r.objects.Load(), Fallbacks: r.fallbacks.Load(), Checksummed: r.summed.Load(), LastFallback: r.lastFallback,
 		FallbackReasons: maps.Clone(r.reasons)}
-	if r.usable() && r.base != nil {
+	if r.Refines() && r.base != nil {
 		st.Candidates = "object map"
 		if r.existence {
 			st.Candidates = "existence"
 		}
 	}
-	if r.usable() && r.walk {
+	if r.Refines() && r.walk {
 		st.Candidates = "walk"
 		if r.walked == WalkList {
 			st.Candidates = "listing"
@@ -667,13 +675,6 @@ func (r *refiner) stats() PreciseStats {
 	return st
 }
 
-// PreciseStats describes precise mode's work on this Diff so far.
-func (d *Diff) PreciseStats() PreciseStats {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.refine.stats()
-}
-
 // isNoEnt reports whether a radospp call found no such object.
 func isNoEnt(err error) bool {
 	var e radosErr
@@ -682,7 +683,7 @@ func isNoEnt(err error) bool {
 
 // allocated refines an allocated candidate: the data the image holds in
 // it at the target snapshot, from its parents where its object is missing.
-func (r *refiner) allocated(ctx context.Context, c candidate) ([]span, error) {
+func (r *Refiner) allocated(ctx context.Context, c candidate) ([]span, error) {
 	r.objects.Add(1)
 	return r.top.view(ctx, c.off, c.off+c.len)
 }
@@ -746,7 +747,7 @@ func (l *layer) parentView(ctx context.Context, off, end int64) ([]span, error) 
 }
 
 // delta refines a delta candidate by the rules of deltaSpans.
-func (r *refiner) delta(ctx context.Context, c candidate) ([]span, error) {
+func (r *Refiner) delta(ctx context.Context, c candidate) ([]span, error) {
 	r.objects.Add(1)
 	objno := c.off / r.top.objSize
 	name := r.top.object(objno)
@@ -769,7 +770,7 @@ func (r *refiner) delta(ctx context.Context, c candidate) ([]span, error) {
 // r.lostParent) takes the full path, and so does one that mapext does not
 // find at the target (it returns that ENOENT), and one within the base's
 // parent overlap, whose parent data the full path weighs.
-func (r *refiner) freshDelta(ctx context.Context, objno int64, name string) ([]span, error) {
+func (r *Refiner) freshDelta(ctx context.Context, objno int64, name string) ([]span, error) {
 	size := r.top.objSize
 	base := objno * size
 	obj := span{base, size}
@@ -793,7 +794,7 @@ func (r *refiner) freshDelta(ctx context.Context, objno int64, name string) ([]s
 // its parent's snapshot, which does not change, except where the target
 // lost parent data (r.lostParent). An object whose refinement fails falls
 // back to its whole extent, alone; a timeout fails the candidate.
-func (r *refiner) walkDelta(ctx context.Context, c candidate) ([]span, error) {
+func (r *Refiner) walkDelta(ctx context.Context, c candidate) ([]span, error) {
 	size := r.top.objSize
 	objs := c.objs
 	if objs == nil {
@@ -831,7 +832,7 @@ func (r *refiner) walkDelta(ctx context.Context, c candidate) ([]span, error) {
 
 // deltaOf refines object objno, named name, from its snap set ss (or the
 // error of list_snaps); walk: as walkDelta says.
-func (r *refiner) deltaOf(ctx context.Context, objno int64, name string, ss snapSet, err error, walk bool) ([]span, error) {
+func (r *Refiner) deltaOf(ctx context.Context, objno int64, name string, ss snapSet, err error, walk bool) ([]span, error) {
 	size := r.top.objSize
 	base := objno * size
 	switch {
@@ -893,7 +894,7 @@ func (r *refiner) deltaOf(ctx context.Context, objno int64, name string, ss snap
 	if len(changed) > 0 && (!(od.exists1 && od.exists2) || holes) && (r.base.underParent(base) || r.top.underParent(base)) {
 		// The object hides parent data at one snapshot, maybe a copy of
 		// it, or a large change hit one that a copy-up filled with zeros
-		// (precise_copyup.go): compare the content.
+		// (copyup.go): compare the content.
 		return r.changedChunks(ctx, changed)
 	}
 	return changed, nil

@@ -1,4 +1,4 @@
-package rbd
+package precise
 
 // Copied-up objects. When a clone first writes to an object that it reads
 // from its parent, librbd copies the parent's data into the clone's object
@@ -157,7 +157,7 @@ func keepChunks(s []span, lo int64, keep func(int) bool) []span {
 
 // changedChunks returns the parts of cand (image offsets, normalized, not
 // empty) in chunks whose content differs between the image at s1 and at s2.
-func (r *refiner) changedChunks(ctx context.Context, cand []span) ([]span, error) {
+func (r *Refiner) changedChunks(ctx context.Context, cand []span) ([]span, error) {
 	lo, hi := chunkEnvelope(cand)
 	s1, err := r.base.sums(ctx, lo, hi)
 	if err != nil {

@@ -1,4 +1,4 @@
-package rbd
+package precise
 
 import (
 	"context"
@@ -21,7 +21,7 @@ type candidate struct {
 	objs []int64
 	// fresh: the object maps say the object exists at the target
 	// snapshot and not at the base (pipeline.before), so its delta is
-	// its extents at the target (refiner.delta).
+	// its extents at the target (Refiner.delta).
 	fresh bool
 }
 
@@ -58,7 +58,7 @@ type pipeline struct {
 
 	// forced are ranges whose objects librbd may fail to report,
 	// ascending: each of their objects is refined whether librbd names it
-	// or not (see refiner.shrunk), taken one at a time by force.
+	// or not (see Refiner.shrunk), taken one at a time by force.
 	forced []span
 	next   int64 // where the last candidate started ends
 	// before, when set (hasBefore), are the raw ranges of the objects
