@@ -161,6 +161,10 @@ func reasonOf(err error) string {
 type Refiner struct {
 	unrefined, reason string // why not; when set, nothing else is
 
+	// refineHook, when set, refines every candidate instead of the
+	// RADOS queries of the mode: tests watch the candidates with it.
+	refineHook func(context.Context, candidate) ([]span, error)
+
 	top  *layer           // the image at the target snapshot
 	base *layer           // the image at the base snapshot; nil: allocated
 	dir  *rados.IOContext // the image's pool at snapDir; nil: allocated
@@ -603,18 +607,22 @@ func (r *Refiner) pipeline(ctx context.Context, off, length int64, existing []sp
 		refine = r.delta
 	}
 	skipGone := r.base == nil || r.existence // gone at s2: a candidate only if it existed at s1
+	var p *pipeline
 	if r.walk {
 		// Every object is a candidate: nothing to force.
-		p := newPipeline(ctx, r.top.objSize, preciseWalkWindow, skipGone, refine, emit, r.fellBack)
+		p = newPipeline(ctx, r.top.objSize, preciseWalkWindow, skipGone, refine, emit, r.fellBack)
 		if r.base != nil {
 			p.refine, p.batch, p.width = r.walkDelta, walkBatch, walkDeltaWindow
 		}
-		return p
+	} else {
+		p = newPipeline(ctx, r.top.objSize, preciseWindow, skipGone, refine, emit, r.fellBack)
+		p.forced = forcedRanges(r.top.objSize, off, off+length, append([]span{r.shrunk, r.lostParent}, existing...))
+		if r.existence && r.base != nil {
+			p.before, p.hasBefore = forcedRanges(r.top.objSize, off, off+length, existing), true
+		}
 	}
-	p := newPipeline(ctx, r.top.objSize, preciseWindow, skipGone, refine, emit, r.fellBack)
-	p.forced = forcedRanges(r.top.objSize, off, off+length, append([]span{r.shrunk, r.lostParent}, existing...))
-	if r.existence && r.base != nil {
-		p.before, p.hasBefore = forcedRanges(r.top.objSize, off, off+length, existing), true
+	if r.refineHook != nil {
+		p.refine = r.refineHook
 	}
 	return p
 }
