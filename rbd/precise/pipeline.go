@@ -309,9 +309,10 @@ func (p *pipeline) run(c candidate) ([]span, error) {
 		if p.ctx.Err() != nil {
 			return nil, nil // stopping anyway; finish reports why
 		}
-		// Only an unanswered query stops: EOPNOTSUPP
-		// (cepherr.ErrUnavailable, also UNAVAILABLE to the client) is what an erasure-coded pool may answer to a query
-		// that a replicated one serves, and that object falls back.
+		// Only an unanswered query stops: EOPNOTSUPP (cepherr.ErrUnavailable,
+		// also UNAVAILABLE to the client) is what an erasure-coded pool may
+		// answer to a query that a replicated one serves, and that object
+		// falls back.
 		if err = cepherr.Classify(err); cepherr.Unanswered(err) {
 			return nil, fmt.Errorf("refine the changes at %d+%d: %w", c.off, c.len, err)
 		}

@@ -210,7 +210,8 @@ type unrefinable struct{ reason, msg string }
 
 func (u unrefinable) Error() string { return u.msg }
 
-// usable reports whether Iterate refines; false for a nil Refiner.
+// Refines reports whether Iterate may be called: false when the image
+// cannot be refined (Stats says why) and for a nil Refiner.
 func (r *Refiner) Refines() bool { return r != nil && r.unrefined == "" }
 
 // Image is the image that precise mode refines, as plain values: Open
@@ -248,9 +249,11 @@ type Options struct {
 	Walk           string
 }
 
-// Open prepares precise mode for img. When the image cannot be
-// refined, or preparing fails, the Refiner does not refine (usable is
-// false) and its stats say why: the Diff runs librbd's exact diff.
+// Open prepares precise mode for img; it never fails. When the image
+// cannot be refined (non-default striping, encrypted by librbd, a clone
+// chain too deep), or preparing fails, the Refiner does not refine
+// (Refines reports false) and Stats says why: the caller then runs
+// librbd's exact diff. The caller must Close it.
 func Open(img Image, o Options) *Refiner {
 	r := &Refiner{s2: img.Target, conn: img.Conn, walkMode: o.Walk}
 	if err := r.open(img, o); err != nil {
@@ -332,8 +335,9 @@ func (r *Refiner) open(img Image, o Options) error {
 	return nil
 }
 
-// close destroys the Refiner's ioctxs. Iterate, which holds the Diff's
-// lock, has waited for every query by then.
+// Close releases the Refiner's ioctxs; nil and unrefining Refiners too.
+// It must not run with Iterate: every query has returned by the time
+// Iterate does.
 func (r *Refiner) Close() {
 	if r == nil {
 		return
@@ -355,32 +359,46 @@ type Objects struct {
 }
 
 // Differ is what precise mode needs from librbd: its whole-object diff,
-// which with fast-diff reads only the object maps.
+// which with fast-diff reads only the object maps. rbd implements it on
+// its Diff's image; tests implement it with a table.
 //
-// DiffObjects calls fn for each object (or run of adjacent objects) that
-// the diff q names, in ascending order and without overlap, with exists
-// false for one that does not exist at q.At (a discard or removal, for a
-// diff from a snapshot). At a snapshot other than the image's target the
-// range is clipped to that snapshot's size. fn is called on the goroutine
-// that called DiffObjects and may block; DiffObjects returns once fn
-// returned for the last object.
+// DiffObjects runs the diff q and calls fn for what it names. Its
+// contract:
 //
-// When fn returns an error, or ctx ends, DiffObjects stops at once and
-// returns that error unchanged, whatever librbd answers afterwards; fn is
-// not called again. A panic of fn is raised again by DiffObjects once
-// librbd has returned. Other errors are librbd's, classified as the
-// package's errors are (cepherr), and name the diff.
+//  1. Order: fn gets each object (or run of adjacent whole objects) at
+//     most once, in ascending order, without overlap, within
+//     [q.Off, q.Off+q.Len); exists is false for an object that does not
+//     exist at q.At (a discard or removal, in a diff from a snapshot; in
+//     a diff from the beginning such objects hold no data).
+//  2. Snapshots: q.At is the image's target snapshot, or, with From 0,
+//     another snapshot of the same image, whose size then clips the
+//     range. From is 0 or a snapshot older than At.
+//  3. Threads: fn runs on the goroutine that called DiffObjects, and may
+//     block (which blocks librbd); DiffObjects returns only after fn
+//     returned for the last time.
+//  4. Stopping: when fn returns an error, or ctx ends, DiffObjects stops
+//     at once and returns that error unchanged, whatever librbd answers
+//     afterwards; fn is not called again.
+//  5. Panics: a panic of fn never unwinds through librbd: DiffObjects
+//     raises it again once librbd has returned.
+//  6. Errors: any other error is librbd's, classified as the package
+//     rbd documents (internal/cepherr), and names the diff.
 type Differ interface {
 	DiffObjects(ctx context.Context, q Objects, fn func(off, length int64, exists bool) error) error
 }
 
-// iterate refines the raw range [off, off+length) of an Iterate call and
-// delivers the extents to emit, in image order, on the calling goroutine.
-// It asks differ for the candidates: the objects that hold data at the
-// target (allocated); for a delta by existence the objects the image
-// itself holds at the base, then at the target; for a delta by object map
-// the objects that changed since the base. Walking (no usable object map),
-// it asks differ nothing. An error of emit is returned unchanged.
+// Iterate refines the raw range [off, off+length) (image offsets, LUKS
+// header included) and delivers the refined extents to emit, in image
+// order, without overlap, on the calling goroutine. Call it only when
+// Refines reports true, one call at a time. It asks differ for the
+// candidates: the objects that hold data at the target (allocated); for a
+// delta by existence the objects the image itself holds at the base, then
+// at the target; for a delta by object map (Options.TrustObjectMap) the
+// objects that changed since the base. Walking (no usable object map), it
+// asks differ nothing. An error of emit, of differ or of ctx is returned
+// unchanged; a query the cluster does not answer (cepherr.Unanswered)
+// ends it with that error; other failed queries fall back to the
+// candidate's whole extent. No goroutine outlives it.
 func (r *Refiner) Iterate(ctx context.Context, differ Differ, off, length int64, emit func(off, length int64) error) error {
 	if r.walk {
 		// No usable object map: precise mode lists the objects itself.
@@ -490,6 +508,7 @@ func (r *Refiner) fellBack(err error) {
 	r.mu.Unlock()
 }
 
+// Stats describes the Refiner's work so far: safe to call at any time.
 func (r *Refiner) Stats() Stats {
 	if r == nil {
 		return Stats{}
