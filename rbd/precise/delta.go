@@ -59,14 +59,14 @@ func (r *Refiner) freshDelta(ctx context.Context, objno int64, name string) ([]s
 	return normalize(shift(own2, base)), nil
 }
 
-// walkDelta refines a delta candidate of the walk: up to walkBatch whole
+// batchDelta refines a delta candidate of the walk: up to walkBatch whole
 // objects, whose snap sets one rsm_list_snaps_batch call asks for all at
 // once. An object that the image itself has at neither snapshot (most
 // answer ENOENT) changed nowhere, since where it is absent the image reads
 // its parent's snapshot, which does not change, except where the target
 // lost parent data (r.lostParent). An object whose refinement fails falls
 // back to its whole extent, alone; a timeout fails the candidate.
-func (r *Refiner) walkDelta(ctx context.Context, c candidate) ([]span, error) {
+func (r *Refiner) batchDelta(ctx context.Context, c candidate) ([]span, error) {
 	size := r.top.objSize
 	objs := c.objs
 	if objs == nil {
@@ -103,8 +103,8 @@ func (r *Refiner) walkDelta(ctx context.Context, c candidate) ([]span, error) {
 }
 
 // deltaOf refines object objno, named name, from its snap set ss (or the
-// error of list_snaps); walk: as walkDelta says.
-func (r *Refiner) deltaOf(ctx context.Context, objno int64, name string, ss snapSet, err error, walk bool) ([]span, error) {
+// error of list_snaps); batched: as batchDelta says.
+func (r *Refiner) deltaOf(ctx context.Context, objno int64, name string, ss snapSet, err error, batched bool) ([]span, error) {
 	size := r.top.objSize
 	base := objno * size
 	switch {
@@ -121,7 +121,7 @@ func (r *Refiner) deltaOf(ctx context.Context, objno int64, name string, ss snap
 	if err != nil {
 		return nil, reasoned{ReasonSnapSet, fmt.Errorf("object %s: %w", name, err)}
 	}
-	if walk && !od.exists1 && !od.exists2 && !r.lostParent.overlaps(span{base, size}) {
+	if batched && !od.exists1 && !od.exists2 && !r.lostParent.overlaps(span{base, size}) {
 		return nil, nil
 	}
 	n := od.needs()

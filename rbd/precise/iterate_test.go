@@ -149,7 +149,7 @@ func TestIterateDeltaByExistenceAsks(t *testing.T) {
 func TestIterateWalkAsksNothing(t *testing.T) {
 	for _, delta := range []bool{false, true} {
 		r, cands := watched(delta)
-		r.walk, r.walkMode = true, WalkProbe
+		r.unmapped, r.walkMode = true, WalkProbe
 		d := &fakeDiffer{}
 		got := collect(t, r, d, 50, 300)
 		check(t, fmt.Sprintf("delta %v: asked", delta), len(d.asked), 0)

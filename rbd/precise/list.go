@@ -64,7 +64,7 @@ func (r *Refiner) walkRanges(ctx context.Context, off, end int64) ([]span, error
 		}
 	}
 	r.mu.Lock()
-	r.walked = mode
+	r.walkUsed = mode
 	r.mu.Unlock()
 	if mode != WalkList {
 		return all, nil
@@ -74,7 +74,7 @@ func (r *Refiner) walkRanges(ctx context.Context, off, end int64) ([]span, error
 		// Listing refused (say, OSD caps without it) or failed: probing
 		// finds the same objects, object by object.
 		r.mu.Lock()
-		r.walked, r.listErr = WalkProbe, err.Error()
+		r.walkUsed, r.listErr = WalkProbe, err.Error()
 		r.mu.Unlock()
 		return all, nil
 	}

@@ -15,7 +15,7 @@ import (
 type candidate struct {
 	off, len int64
 	exists   bool
-	// objs are the objects of a walk's candidate (pipeline.walk), which
+	// objs are the objects of a walk's candidate (pipeline.every), which
 	// may hold several, not necessarily adjacent; nil: the one object of
 	// [off, off+len).
 	objs []int64
@@ -143,7 +143,7 @@ func (p *pipeline) stopErr() error {
 	return errPipelineStopped
 }
 
-// walk makes every object of the raw ranges rs (ascending, merged, in
+// every makes every object of the raw ranges rs (ascending, merged, in
 // whole objects but at the ends of the Iterate range) a candidate, in
 // image order, instead of librbd's whole-object diff naming them: for an
 // image without a usable object map, where librbd would run list_snaps on
@@ -151,7 +151,7 @@ func (p *pipeline) stopErr() error {
 // to batch objects, not necessarily adjacent (candidate.objs). The window
 // bounds memory and the queries in flight as for feed; it returns once
 // the ranges are walked or the pipeline stopped (finish says why).
-func (p *pipeline) walk(rs []span) {
+func (p *pipeline) every(rs []span) {
 	batch := int64(max(p.batch, 1))
 	var c candidate
 	flush := func() bool {

@@ -353,7 +353,7 @@ func TestPipelineWalk(t *testing.T) {
 		got = append(got, span{off, length})
 		return nil
 	}, func(error) { fellBack.Add(1) })
-	p.walk([]span{{250, 4030 - 250}})
+	p.every([]span{{250, 4030 - 250}})
 	if err := p.finish(nil); err != nil {
 		t.Fatal(err)
 	}
@@ -387,7 +387,7 @@ func TestPipelineWalk(t *testing.T) {
 		}
 		return nil
 	}, func(error) {})
-	p.walk([]span{{0, 1 << 40}})
+	p.every([]span{{0, 1 << 40}})
 	if err := p.finish(nil); !errors.Is(err, context.Canceled) {
 		t.Errorf("after a cancel: %v, want context.Canceled", err)
 	}
@@ -412,7 +412,7 @@ func TestPipelineWalkListed(t *testing.T) {
 		return nil
 	}, func(error) {})
 	p.batch = 3
-	p.walk([]span{{150, 50}, {500, 200}, {1200, 100}, {4000, 20}})
+	p.every([]span{{150, 50}, {500, 200}, {1200, 100}, {4000, 20}})
 	if err := p.finish(nil); err != nil {
 		t.Fatal(err)
 	}

@@ -30,7 +30,7 @@
 //     and Rook's example StorageClasses make them, or a map flagged
 //     invalid) has no cheap stage 1: librbd's whole-object diff would run
 //     list_snaps on every object, one at a time. There every object of
-//     the range is a candidate instead (Refiner.walk, pipeline.walk),
+//     the range is a candidate instead (Refiner.unmapped, pipeline.every),
 //     refined preciseWalkWindow at a time; one that exists at neither
 //     snapshot costs one list_snaps (ENOENT) and yields nothing, unless
 //     the target lost parent data there;
@@ -80,7 +80,7 @@ const (
 	// run (medians of 5, noisy: README, Performance).
 	preciseWindow = 32
 	// preciseWalkWindow is the same when every object is a candidate
-	// (Refiner.walk): most answer ENOENT or need one list_snaps, so more
+	// (Refiner.unmapped): most answer ENOENT or need one list_snaps, so more
 	// in flight keep the OSD busy; maxRefining still bounds the process.
 	preciseWalkWindow = 32
 	// walkBatch is how many objects one candidate of a delta's walk
@@ -180,16 +180,16 @@ type Refiner struct {
 	// existence: a delta's candidates are the objects that exist at s1
 	// or s2 (see the package comment), not the object map's dirty ones.
 	existence bool
-	// walk: the image has no usable object map (no fast-diff, or a map
+	// unmapped: the image has no usable object map (no fast-diff, or a map
 	// flagged invalid), so librbd's whole-object diff would run
 	// list_snaps on every object, one at a time. Every object is a
 	// candidate instead, walked by the pipeline preciseWalkWindow at a
-	// time (see pipeline.walk).
-	walk bool
-	// walkMode is Options.Walk; walked what the last walk did (WalkList
+	// time (see pipeline.every).
+	unmapped bool
+	// walkMode is Options.Walk; walkUsed what the last walk did (WalkList
 	// or WalkProbe).
-	walkMode, walked string
-	listErr          string // why WalkList probed instead
+	walkMode, walkUsed string
+	listErr            string // why WalkList probed instead
 
 	conn   *rados.Conn
 	ioctxs []*rados.IOContext
@@ -302,7 +302,7 @@ func (r *Refiner) open(img Image, o Options) error {
 		if img.Base != 0 {
 			snaps = append(snaps, img.Base)
 		}
-		if r.walk, err = noObjectMap(h, hio, img.Spec, snaps); err != nil {
+		if r.unmapped, err = noObjectMap(h, hio, img.Spec, snaps); err != nil {
 			return err
 		}
 	}
@@ -320,7 +320,7 @@ func (r *Refiner) open(img Image, o Options) error {
 	if ov1, ov2 := r.base.overlap, r.top.overlap; ov2 < ov1 {
 		r.lostParent = span{ov2, min(ov1, img.Size) - ov2}
 	}
-	if !o.TrustObjectMap && !r.walk {
+	if !o.TrustObjectMap && !r.unmapped {
 		// Without fast-diff, librbd's whole-object diff runs list_snaps on
 		// every object: exact already, and existence would only cost more.
 		features, err := h.GetFeatures()
@@ -400,12 +400,12 @@ type Differ interface {
 // ends it with that error; other failed queries fall back to the
 // candidate's whole extent. No goroutine outlives it.
 func (r *Refiner) Iterate(ctx context.Context, differ Differ, off, length int64, emit func(off, length int64) error) error {
-	if r.walk {
+	if r.unmapped {
 		// No usable object map: precise mode lists the objects itself.
 		pipe := r.pipeline(ctx, off, length, nil, emit)
 		rs, err := r.walkRanges(ctx, off, off+length)
 		if err == nil {
-			pipe.walk(rs)
+			pipe.every(rs)
 		}
 		return pipe.finish(err)
 	}
@@ -460,11 +460,11 @@ func (r *Refiner) pipeline(ctx context.Context, off, length int64, existing []sp
 	}
 	skipGone := r.base == nil || r.existence // gone at s2: a candidate only if it existed at s1
 	var p *pipeline
-	if r.walk {
+	if r.unmapped {
 		// Every object is a candidate: nothing to force.
 		p = newPipeline(ctx, r.top.objSize, preciseWalkWindow, skipGone, refine, emit, r.fellBack)
 		if r.base != nil {
-			p.refine, p.batch, p.width = r.walkDelta, walkBatch, walkDeltaWindow
+			p.refine, p.batch, p.width = r.batchDelta, walkBatch, walkDeltaWindow
 		}
 	} else {
 		p = newPipeline(ctx, r.top.objSize, preciseWindow, skipGone, refine, emit, r.fellBack)
@@ -524,9 +524,9 @@ func (r *Refiner) Stats() Stats {
 			st.Candidates = "existence"
 		}
 	}
-	if r.Refines() && r.walk {
+	if r.Refines() && r.unmapped {
 		st.Candidates = "walk"
-		if r.walked == WalkList {
+		if r.walkUsed == WalkList {
 			st.Candidates = "listing"
 		}
 		if r.listErr != "" {
