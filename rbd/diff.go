@@ -5,11 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd/internal/cepherr"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd/precise"
 	"io/fs"
 	"math"
 	"runtime/debug"
 	"sync"
-	"syscall"
 
 	"github.com/ceph/go-ceph/rados"
 	librbd "github.com/ceph/go-ceph/rbd"
@@ -27,7 +27,7 @@ type Diff struct {
 	target snapRef
 	base   *snapRef // nil: allocated extents
 	whole  bool
-	refine *refiner // precise mode (precise.go); nil when off
+	refine *precise.Refiner // precise mode (package precise); nil when off
 	// trustObjectMap: precise deltas take their candidates from the
 	// object map's dirty bits (Options.TrustObjectMap).
 	trustObjectMap bool
@@ -177,12 +177,13 @@ func refuseMigrating(conn *rados.Conn, img *librbd.Image, spec string, depth int
 // Implements (through go-ceph): rbd_snap_set_by_id, rbd_get_size,
 // rbd_snap_list.
 func (d *Diff) cutOff() (lo, hi int64, err error) {
-	if err := d.image.SetSnapByID(d.base.snapID); err != nil {
-		return 0, 0, cepherr.Wrap("set image to snapshot "+d.base.String(), err)
-	}
-	size1, err := d.image.GetSize()
+	err = d.image.SetSnapByID(d.base.snapID)
+	var size1 uint64
 	if err == nil {
-		err = d.image.SetSnapByID(d.target.snapID)
+		size1, err = d.image.GetSize()
+	}
+	if serr := d.image.SetSnapByID(d.target.snapID); err == nil && serr != nil {
+		err = serr
 	}
 	if err != nil {
 		return 0, 0, cepherr.Wrap("get size of snapshot "+d.base.String(), err)
@@ -218,25 +219,25 @@ func (d *Diff) lookupSnap(r *snapRef) error {
 // the volume: without the LUKS header of an encrypted volume.
 func (d *Diff) Capacity() int64 { return d.capacity }
 
-// errStop is what a diff callback returns to librbd to stop the iteration:
-// a negative errno, since librbd ignores positive values.
-const errStop = -int(syscall.ECANCELED)
-
-// Iterate runs one librbd diff-iterate over [offset, Capacity()) and calls
-// fn for each extent, in ascending order and without overlap. Offsets are
-// the user's: for an encrypted volume, offset 0 is the first byte after
-// the LUKS header, and changes to the header itself are not reported:
+// Iterate calls fn for each extent of [offset, Capacity()), in ascending
+// order and without overlap. Offsets are the user's: for an encrypted
+// volume, offset 0 is the first byte after the LUKS header, and changes to
+// the header itself are not reported:
 //
 //   - allocated (no base): every extent holding data, a clone's parent data
 //     included; extents known to be zero are skipped;
 //   - delta: every extent that changed since the base, including whole
 //     objects discarded since (they read as zeros now).
 //
-// When fn returns an error or ctx is done, Iterate stops librbd at its next
-// callback and returns that error unchanged; callbacks librbd still makes
-// after the stop are ignored. ctx is only checked between extents: a
-// stretch without extents (up to about 80 µs per object without fast-diff)
-// is not interrupted.
+// The extents come from one librbd diff-iterate (diff), or from precise
+// mode (package precise), which asks librbd for whole-object diffs through the
+// same bridge, or walks the objects itself.
+//
+// When fn returns an error or ctx is done, Iterate stops at the next
+// extent and returns that error unchanged. ctx is only checked between
+// extents: a stretch without extents (up to about 80 µs per object without
+// fast-diff) is not interrupted. A panic of fn is raised again once
+// librbd and precise mode's queries have returned.
 //
 // Before it returns nil, Iterate reads the snapshots' lineages again
 // (lineage.go): a snapshot removed meanwhile is fs.ErrNotExist, a parent
@@ -244,13 +245,9 @@ const errStop = -int(syscall.ECANCELED)
 // true, since the extents may then miss changes.
 //
 // An offset outside [0, Capacity()] is fs.ErrInvalid; Capacity() itself
-// yields nothing (once the lineages are confirmed). A delta needs librbd's rbd_diff_iterate3 (Ceph reef
-// 18.2+) unless the base snapshot has a name; without either it is
-// errors.ErrUnsupported.
-//
-// Implements (through go-ceph): rbd_diff_iterate3 for deltas, falling back
-// to rbd_diff_iterate2 with the base's name; rbd_diff_iterate2 for
-// allocated extents.
+// yields nothing (once the lineages are confirmed). A delta needs librbd's
+// rbd_diff_iterate3 (Ceph reef 18.2+) unless the base snapshot has a name;
+// without either it is errors.ErrUnsupported.
 func (d *Diff) Iterate(ctx context.Context, offset int64, fn func(offset, length int64) error) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -268,107 +265,77 @@ func (d *Diff) Iterate(ctx context.Context, offset int64, fn func(offset, length
 	}
 
 	var (
-		mu          sync.Mutex      // librbd calls back on the calling thread; cheap insurance
-		kept        error           // why the callback stopped librbd
-		called      bool            // whether librbd called back at all
-		reportZeros = d.base != nil // deltas report discards
+		kept     error          // why emit stopped the iteration
+		panicked *callbackPanic // a panic of fn, carried past librbd's frames and precise mode's goroutines
 	)
-	var panicked *callbackPanic // a panic of fn, carried past librbd's frames
-	cb := func(off, length uint64, exists int, _ any) (ret int) {
-		mu.Lock()
-		defer mu.Unlock()
-		// A panic must not unwind through librbd, which would be left
-		// holding its locks: stop librbd, and panic again once it returned.
-		defer func() {
-			if r := recover(); r != nil {
-				panicked = &callbackPanic{value: r, stack: debug.Stack()}
-				kept = fmt.Errorf("diff callback panicked: %v", r)
-				ret = errStop
-			}
-		}()
-		called = true
-		if kept != nil {
-			return errStop
-		}
-		if exists == 0 && !reportZeros {
-			return 0
-		}
-		if err := ctx.Err(); err != nil {
-			kept = err
-			return errStop
-		}
-		// Shift out the LUKS header; librbd starts at offset+header, so
-		// the clip is only a safeguard.
-		o, l := int64(off), int64(length)
-		if o < d.header {
-			l -= d.header - o
-			o = d.header
-		}
-		if l <= 0 {
-			return 0
-		}
-		if err := fn(o-d.header, l); err != nil {
-			kept = err
-			return errStop
-		}
-		return 0
-	}
-
-	// end ends the call once librbd (or the walk) has returned err: a
-	// panic of fn goes on, and the callback's own reason wins.
-	end := func(err error) error {
-		mu.Lock()
-		defer mu.Unlock()
-		if panicked != nil {
-			panic(panicked)
-		}
+	// emit takes the raw extents, in image order, from librbd or precise
+	// mode, always on this goroutine.
+	emit := func(off, length int64) error {
 		if kept != nil {
 			return kept
 		}
-		if err == nil {
-			// Every extent is out: only now may the answer be taken as
-			// complete, if the snapshots it was read from outlived it.
-			err = d.confirmLineages()
+		if kept = ctx.Err(); kept != nil {
+			return kept
 		}
-		d.discardConnOnTimeout(err)
-		return err
-	}
-	rawOff, rawLen := uint64(offset+d.header), uint64(d.capacity-offset)
-	if d.refine.walks() {
-		// No usable object map: precise mode lists the objects itself.
-		pipe := d.refine.pipeline(ctx, rawOff, rawLen, nil, cb)
-		rs, err := d.refine.walkRanges(ctx, int64(rawOff), int64(rawOff+rawLen))
-		if err == nil {
-			pipe.walk(rs)
+		// Shift out the LUKS header; the range starts at offset+header,
+		// so the clip is only a safeguard.
+		if off < d.header {
+			length -= d.header - off
+			off = d.header
 		}
-		return end(pipe.finish(err))
+		if length <= 0 {
+			return nil
+		}
+		kept = callFn(fn, off-d.header, length, &panicked)
+		return kept
 	}
-	run := librbd.DiffIterateCallback(cb)
-	var pipe *pipeline // precise mode: refines librbd's whole objects for cb
-	if d.refine.usable() {
-		var existing []span
-		if d.refine.byExistence() {
-			var err error
-			if existing, err = d.existing(ctx, d.base.snapID, rawOff, rawLen); err != nil {
-				d.discardConnOnTimeout(err)
-				return err
+	rawOff, rawLen := offset+d.header, d.capacity-offset
+	var err error
+	if d.refine.Refines() {
+		err = d.refine.Iterate(ctx, objectDiffer{d}, rawOff, rawLen, emit)
+	} else {
+		err = d.diff(ctx, d.query(rawOff, rawLen), d.whole, func(off, length int64, exists bool) error {
+			if !exists && d.base == nil {
+				return nil // allocated: known to be zero
 			}
-		}
-		pipe = d.refine.pipeline(ctx, rawOff, rawLen, existing, cb)
-		run = pipe.feed
+			return emit(off, length)
+		})
 	}
-	err := d.diffIterate(rawOff, rawLen, run)
-	mu.Lock()
-	calledBack := called
-	mu.Unlock()
-	if errors.Is(err, librbd.ErrNotImplemented) { // only from rbd_diff_iterate3
-		if calledBack {
-			err = cepherr.Wrap(fmt.Sprintf("diff %s from %s", d.target, d.base), err)
-		} else {
-			err = d.diffIterateByName(rawOff, rawLen, run)
-		}
+	if panicked != nil {
+		panic(panicked)
 	}
-	return end(pipe.finish(err))
+	if kept != nil {
+		return kept
+	}
+	if err == nil {
+		// Every extent is out: only now may the answer be taken as
+		// complete, if the snapshots it was read from outlived it.
+		err = d.confirmLineages()
+	}
+	d.discardConnOnTimeout(err)
+	return err
+}
+
+// callFn calls fn, turning a panic into an error and *p.
+func callFn(fn func(offset, length int64) error, off, length int64, p **callbackPanic) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			*p = &callbackPanic{value: r, stack: debug.Stack()}
+			err = fmt.Errorf("diff callback panicked: %v", r)
+		}
+	}()
+	return fn(off, length)
+}
+
+// query is the librbd diff of the raw range [off, off+length) that Iterate
+// runs without precise mode: from the beginning or the base, at the
+// target, with the parent.
+func (d *Diff) query(off, length int64) precise.Objects {
+	q := precise.Objects{At: d.target.snapID, Parent: true, Off: off, Len: length}
+	if d.base != nil {
+		q.From = d.base.snapID
+	}
+	return q
 }
 
 // discardConnOnTimeout stops caching the Diff's connection when err says
@@ -410,136 +377,6 @@ func (d *Diff) ResumeFrom(offset int64) int64 {
 	return max(raw-raw%unit-d.header, 0)
 }
 
-// existing returns the raw ranges, in whole objects and ascending, of the
-// objects that the image itself (not its parent) holds at snapshot snap
-// within [off, off+length). They come from librbd's whole-object diff from
-// the beginning, which with fast-diff reads the existence bits of the
-// object maps; unlike the maps' dirty bits, existence stays right after a
-// rollback or a copy-up. It leaves the image at the target snapshot.
-//
-// Implements (through go-ceph): rbd_snap_set_by_id, rbd_get_size,
-// rbd_diff_iterate2.
-func (d *Diff) existing(ctx context.Context, snap uint64, off, length uint64) ([]span, error) {
-	var out []span
-	err := d.image.SetSnapByID(snap)
-	var size uint64
-	if err == nil {
-		size, err = d.image.GetSize()
-	}
-	if err == nil && off < size {
-		var kept error
-		err = d.image.DiffIterate(librbd.DiffIterateConfig{
-			SnapName:      librbd.NoSnapshot,
-			Offset:        off,
-			Length:        min(length, size-off),
-			IncludeParent: librbd.ExcludeParent,
-			WholeObject:   librbd.EnableWholeObject,
-			Callback: func(o, l uint64, exists int, _ any) int {
-				if kept != nil {
-					return errStop
-				}
-				if kept = ctx.Err(); kept != nil {
-					return errStop
-				}
-				if exists != 0 {
-					if n := len(out); n > 0 && out[n-1].end() == int64(o) {
-						out[n-1].len += int64(l)
-					} else {
-						out = append(out, span{int64(o), int64(l)})
-					}
-				}
-				return 0
-			},
-		})
-		if kept != nil {
-			err = kept
-		}
-	}
-	if serr := d.image.SetSnapByID(d.target.snapID); err == nil && serr != nil {
-		err = serr
-	}
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil, err
-		}
-		return nil, cepherr.Wrap(fmt.Sprintf("list the objects of %s at snapshot %d", d.target.imageSpec(), snap), err)
-	}
-	return out, nil
-}
-
-// callbackPanic is a panic of a diff callback, raised again after librbd
-// returned, with the stack of the callback.
-type callbackPanic struct {
-	value any
-	stack []byte
-}
-
-func (p *callbackPanic) String() string {
-	return fmt.Sprintf("%v\n\ncallback stack:\n%s", p.value, p.stack)
-}
-
-// wholeObject is go-ceph's form of d.whole.
-func (d *Diff) wholeObject() librbd.DiffWholeObject {
-	if d.whole {
-		return librbd.EnableWholeObject
-	}
-	return librbd.DisableWholeObject
-}
-
-// diffIterate runs the one librbd diff-iterate of a call to Iterate.
-//
-// A precise delta that takes its candidates from object existence
-// (refiner.existence) runs the whole-object diff from the beginning at the
-// target snapshot, without the parent: the objects the image itself holds
-// there.
-func (d *Diff) diffIterate(offset, length uint64, cb librbd.DiffIterateCallback) error {
-	if d.base == nil || d.refine.byExistence() {
-		parent := librbd.IncludeParent
-		if d.base != nil {
-			parent = librbd.ExcludeParent
-		}
-		err := d.image.DiffIterate(librbd.DiffIterateConfig{
-			SnapName:      librbd.NoSnapshot,
-			Offset:        offset,
-			Length:        length,
-			IncludeParent: parent,
-			WholeObject:   d.wholeObject(),
-			Callback:      cb,
-		})
-		return cepherr.Wrap("diff "+d.target.String(), err)
-	}
-	err := d.image.DiffIterateByID(librbd.DiffIterateByIDConfig{
-		FromSnapID:    d.base.snapID,
-		Offset:        offset,
-		Length:        length,
-		IncludeParent: librbd.IncludeParent,
-		WholeObject:   d.wholeObject(),
-		Callback:      cb,
-	})
-	if errors.Is(err, librbd.ErrNotImplemented) {
-		return err // Iterate falls back to diffIterateByName
-	}
-	return cepherr.Wrap(fmt.Sprintf("diff %s from %s", d.target, d.base), err)
-}
-
-// diffIterateByName is the delta for librbd without rbd_diff_iterate3
-// (before Ceph reef): rbd_diff_iterate2 names the base snapshot.
-func (d *Diff) diffIterateByName(offset, length uint64, cb librbd.DiffIterateCallback) error {
-	if d.base.snapName == "" {
-		return fmt.Errorf("diff %s from %s: the base snapshot has no name, and this librbd cannot diff by snapshot ID (needs Ceph reef 18.2 or later): %w",
-			d.target, d.base, errors.ErrUnsupported)
-	}
-	err := d.image.DiffIterate(librbd.DiffIterateConfig{
-		SnapName:      d.base.snapName,
-		Offset:        offset,
-		Length:        length,
-		IncludeParent: librbd.IncludeParent,
-		WholeObject:   d.wholeObject(),
-		Callback:      cb,
-	})
-	return cepherr.Wrap(fmt.Sprintf("diff %s from %s", d.target, d.base), err)
-}
-
 // Close closes the image and the pool and releases the cluster connection.
 // It may be called more than once; only the first call does anything.
 //
@@ -551,7 +388,7 @@ func (d *Diff) Close() error {
 		return nil
 	}
 	d.closed = true
-	d.refine.close()
+	d.refine.Close()
 	var err error
 	if d.image != nil {
 		err = cepherr.Wrap("close image "+d.target.imageSpec(), d.image.Close())

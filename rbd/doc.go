@@ -90,17 +90,18 @@
 // # Iteration
 //
 // Diff.Iterate reads the extents from an offset to the end of the
-// snapshot with one librbd diff-iterate per call, with two exceptions
-// that precise mode makes: without a usable object map (and unless
-// Options.Walk is WalkLibrbd) it walks the image's objects itself
-// (listed or probed through librados, see precise_list.go) and runs none;
-// a precise delta by existence first runs a second, whole-object one at
-// the base snapshot, to list its objects (Diff.existing; see precise.go).
-// A delta by snapshot ID that librbd refuses (no rbd_diff_iterate3)
-// before calling back is run again by the base's name. librbd calls back
-// on the calling thread and blocking in the callback is safe, so the
-// caller's function may apply backpressure. To stop early, the callback
-// returns a negative errno to librbd, keeps the reason, and Iterate
-// returns that reason in preference to librbd's error; callbacks that
-// still arrive are ignored.
+// snapshot. Without precise mode it runs one librbd diff-iterate per call
+// (a delta by snapshot ID that librbd refuses before calling back, for
+// want of rbd_diff_iterate3, runs again by the base's name). Precise mode
+// (package precise) asks for whole-object diffs through its Differ
+// interface instead: one, or two for a delta by existence (the objects
+// of the base, then of the target); without a usable object map (and
+// unless Options.Walk is WalkLibrbd) it lists or probes the image's
+// objects through librados and asks for none. Every librbd callback goes
+// through Diff.diff (differ.go): librbd calls back on the calling thread
+// and blocking there is safe, so the caller's function may apply
+// backpressure; to stop early the callback returns a negative errno to
+// librbd and keeps the reason, which Iterate returns in preference to
+// librbd's error; callbacks that still arrive are ignored; a panic is
+// raised again once librbd returned.
 package rbd

@@ -80,12 +80,24 @@ func luksHeaderSize(img *librbd.Image, size uint64) (int64, error) {
 	return defaultLuksHeaderSize, nil
 }
 
+// librbdEncrypted reports whether img, at its current snapshot, starts
+// with a LUKS header or librbd's own encryption header ("RBDL"): encrypted
+// by librbd when Ceph-CSI's metadata does not say so.
+//
+// Implements (through go-ceph): rbd_read.
+func librbdEncrypted(img *librbd.Image) bool {
+	magic := make([]byte, len(luksMagic))
+	n, _ := img.ReadAt(magic, 0)
+	return n == len(magic) && (bytes.Equal(magic, luksMagic) || bytes.HasPrefix(magic, librbdMagic))
+}
+
 // errNoLUKS means that a device does not start with a LUKS header.
 var errNoLUKS = errors.New("no LUKS header")
 
 // The on-disk LUKS formats (cryptsetup's docs/on-disk-format*.pdf).
 var (
 	luksMagic       = []byte("LUKS\xba\xbe")
+	librbdMagic     = []byte("RBDL") // librbd's own encryption format
 	luks2MagicSecnd = []byte("SKUL\xba\xbe")
 )
 

@@ -1,4 +1,4 @@
-package rbd
+package precise
 
 import (
 	"errors"

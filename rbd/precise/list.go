@@ -1,4 +1,4 @@
-package rbd
+package precise
 
 import (
 	"context"
@@ -51,7 +51,7 @@ const listRatio = 16
 // takes as candidates, ascending and merged: all of it (WalkProbe), or the
 // objects that the listing of the image's layers found, plus those that
 // precise mode refines whatever exists (a delta's r.lostParent).
-func (r *refiner) walkRanges(ctx context.Context, off, end int64) ([]span, error) {
+func (r *Refiner) walkRanges(ctx context.Context, off, end int64) ([]span, error) {
 	all := []span{{off, end - off}}
 	mode := r.walkMode
 	if mode == WalkAuto {
@@ -64,7 +64,7 @@ func (r *refiner) walkRanges(ctx context.Context, off, end int64) ([]span, error
 		}
 	}
 	r.mu.Lock()
-	r.walked = mode
+	r.walkUsed = mode
 	r.mu.Unlock()
 	if mode != WalkList {
 		return all, nil
@@ -74,7 +74,7 @@ func (r *refiner) walkRanges(ctx context.Context, off, end int64) ([]span, error
 		// Listing refused (say, OSD caps without it) or failed: probing
 		// finds the same objects, object by object.
 		r.mu.Lock()
-		r.walked, r.listErr = WalkProbe, err.Error()
+		r.walkUsed, r.listErr = WalkProbe, err.Error()
 		r.mu.Unlock()
 		return all, nil
 	}
@@ -82,7 +82,7 @@ func (r *refiner) walkRanges(ctx context.Context, off, end int64) ([]span, error
 }
 
 // listRanges is walkRanges' WalkList.
-func (r *refiner) listRanges(ctx context.Context, off, end int64) ([]span, error) {
+func (r *Refiner) listRanges(ctx context.Context, off, end int64) ([]span, error) {
 	var rs []span
 	if r.base == nil {
 		// Allocated: what the image holds, or reads from its parents
@@ -112,7 +112,7 @@ func (r *refiner) listRanges(ctx context.Context, off, end int64) ([]span, error
 // pool is listed too, whatever its size).
 //
 // Implements (through go-ceph): rados_ioctx_pool_stat.
-func (r *refiner) chooseWalk(off, end int64) (string, error) {
+func (r *Refiner) chooseWalk(off, end int64) (string, error) {
 	io, err := r.conn.OpenIOContext(r.top.pool)
 	if err != nil {
 		return "", cepherr.Wrap("open pool "+r.top.pool, err)
@@ -135,7 +135,7 @@ func (r *refiner) chooseWalk(off, end int64) (string, error) {
 // Implements (through go-ceph): rados_ioctx_create, rados_ioctx_set_namespace,
 // rados_nobjects_list_open, rados_nobjects_list_next2,
 // rados_nobjects_list_close.
-func (r *refiner) list(ctx context.Context, l *layer) ([]int64, error) {
+func (r *Refiner) list(ctx context.Context, l *layer) ([]int64, error) {
 	io, err := r.conn.OpenIOContext(l.pool)
 	if err != nil {
 		return nil, cepherr.Wrap("open pool "+l.pool, err)

@@ -1,4 +1,4 @@
-package rbd
+package precise
 
 import (
 	"fmt"
@@ -7,7 +7,7 @@ import (
 
 // The per-object rules of precise mode, as pure functions of what RADOS
 // answered (list_snaps, mapext), so that they can be tested against
-// hand-made answers. precise.go runs the queries and applies these rules.
+// hand-made answers. delta.go runs the queries and applies these rules.
 //
 // All offsets here are relative to the start of one RADOS object.
 

@@ -1,4 +1,4 @@
-package rbd
+package precise
 
 /*
 #cgo LDFLAGS: -lrbd

@@ -1,4 +1,4 @@
-package rbd
+package precise
 
 /*
 #include <errno.h>
@@ -36,6 +36,7 @@ import (
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd/internal/cepherr"
 	"unsafe"
 
+	"github.com/ceph/go-ceph/rados"
 	librbd "github.com/ceph/go-ceph/rbd"
 )
 
@@ -45,39 +46,36 @@ const (
 	flagFastDiffInvalid  = 1 << 1
 )
 
-// noObjectMap reports whether librbd's whole-object diff of d cannot use
+// noObjectMap reports whether librbd's whole-object diff of img cannot use
 // the object map, and so runs list_snaps on every object itself, one at a
 // time: the image lacks fast-diff (Ceph-CSI's and Rook's example
 // StorageClasses ask for layering only), or the map is flagged invalid at
-// the target or the base snapshot (`rbd object-map rebuild` clears the
+// one of the snapshots snaps (`rbd object-map rebuild` clears the
 // flag). Getting it wrong costs only time: librbd walks every object
-// itself when a map it needs is invalid.
+// itself when a map it needs is invalid. hio is the image's pool and
+// namespace; spec names the image.
 //
 // Implements (through go-ceph): rbd_get_features, rbd_get_id; (in cgo)
 // rados_exec of cls_rbd's get_flags on the image's header object, one
 // OSD query per snapshot (opening the image again would cost several).
-func (d *Diff) noObjectMap() (bool, error) {
-	features, err := d.image.GetFeatures()
+func noObjectMap(img *librbd.Image, hio *rados.IOContext, spec string, snaps []uint64) (bool, error) {
+	features, err := img.GetFeatures()
 	if err != nil {
 		return false, cepherr.Wrap("get features", err)
 	}
 	if features&librbd.FeatureFastDiff == 0 || features&librbd.FeatureObjectMap == 0 {
 		return true, nil
 	}
-	id, err := d.image.GetId()
+	id, err := img.GetId()
 	if err != nil {
 		return false, cepherr.Wrap("get image id", err)
 	}
 	header := C.CString("rbd_header." + id)
 	defer C.free(unsafe.Pointer(header))
-	snaps := []uint64{d.target.snapID}
-	if d.base != nil {
-		snaps = append(snaps, d.base.snapID)
-	}
 	for _, s := range snaps {
 		var flags C.uint64_t
-		if r := C.rsm_rbd_flags(C.rados_ioctx_t(d.ioctx.Pointer()), header, C.uint64_t(s), &flags); r < 0 {
-			return false, cepherr.Wrap(fmt.Sprintf("read the flags of %s at snapshot %d", d.target.imageSpec(), s), radosErr(r))
+		if r := C.rsm_rbd_flags(C.rados_ioctx_t(hio.Pointer()), header, C.uint64_t(s), &flags); r < 0 {
+			return false, cepherr.Wrap(fmt.Sprintf("read the flags of %s at snapshot %d", spec, s), radosErr(r))
 		}
 		if flags&(flagObjectMapInvalid|flagFastDiffInvalid) != 0 {
 			return true, nil

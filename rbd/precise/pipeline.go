@@ -1,12 +1,11 @@
-package rbd
+package precise
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd/internal/cepherr"
 	"sync"
-
-	librbd "github.com/ceph/go-ceph/rbd"
 )
 
 // candidate is one RADOS object's part of librbd's whole-object diff, in
@@ -16,13 +15,13 @@ import (
 type candidate struct {
 	off, len int64
 	exists   bool
-	// objs are the objects of a walk's candidate (pipeline.walk), which
+	// objs are the objects of a walk's candidate (pipeline.every), which
 	// may hold several, not necessarily adjacent; nil: the one object of
 	// [off, off+len).
 	objs []int64
 	// fresh: the object maps say the object exists at the target
 	// snapshot and not at the base (pipeline.before), so its delta is
-	// its extents at the target (refiner.delta).
+	// its extents at the target (Refiner.delta).
 	fresh bool
 }
 
@@ -37,8 +36,8 @@ type candidate struct {
 //     delivered.
 //   - Memory and backpressure: when the window is full, feed waits for its
 //     head, then delivers it; emit blocking blocks feed, and so librbd.
-//   - Stopping: emit returning a negative value (its callback failed),
-//     or ctx ending, makes feed answer errStop to librbd; finish then
+//   - Stopping: emit returning an error, or ctx ending, makes feed return
+//     that error, which stops librbd (Differ); finish then
 //     cancels the jobs' context and waits for every job, so that no
 //     goroutine outlives Iterate.
 //   - Fallback: a job that fails (an error, a panic) delivers its
@@ -54,12 +53,12 @@ type pipeline struct {
 	width    int  // how many jobs the window holds at most
 	batch    int  // objects per candidate of walk; 0 or 1: one
 	refine   func(context.Context, candidate) ([]span, error)
-	emit     librbd.DiffIterateCallback
+	emit     func(off, length int64) error
 	fellBack func(error) // counts a fallback
 
 	// forced are ranges whose objects librbd may fail to report,
 	// ascending: each of their objects is refined whether librbd names it
-	// or not (see refiner.shrunk), taken one at a time by force.
+	// or not (see Refiner.shrunk), taken one at a time by force.
 	forced []span
 	next   int64 // where the last candidate started ends
 	// before, when set (hasBefore), are the raw ranges of the objects
@@ -69,8 +68,8 @@ type pipeline struct {
 	hasBefore bool
 
 	window  []*job
-	stopped bool  // feed answers errStop
-	err     error // the context or timeout error that stopped the pipeline
+	stopped bool  // feed refuses more candidates
+	err     error // the emit, context or timeout error that stopped the pipeline
 	wg      sync.WaitGroup
 }
 
@@ -92,47 +91,59 @@ type job struct {
 }
 
 func newPipeline(ctx context.Context, objSize int64, window int, skipGone bool,
-	refine func(context.Context, candidate) ([]span, error), emit librbd.DiffIterateCallback, fellBack func(error)) *pipeline {
+	refine func(context.Context, candidate) ([]span, error), emit func(off, length int64) error, fellBack func(error)) *pipeline {
 	ctx, cancel := context.WithCancel(ctx)
 	return &pipeline{ctx: ctx, cancel: cancel, objSize: objSize, width: max(window, 1), skipGone: skipGone,
 		refine: refine, emit: emit, fellBack: fellBack}
 }
 
-// feed is the librbd callback of the whole-object diff. A panic in it
-// would unwind through librbd's C frames and abort the process: it stops
-// the pipeline instead, with an error that ends the stream non-OK.
-func (p *pipeline) feed(off, length uint64, exists int, _ any) (ret int) {
+// feed is the callback of the whole-object diff (Differ.DiffObjects). A
+// panic in it stops the pipeline, with an error that ends the stream
+// non-OK, rather than unwinding with candidates in flight.
+func (p *pipeline) feed(off, length int64, exists bool) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			p.stopped, p.err = true, fmt.Errorf("precise diff callback panicked: %v", r)
-			ret = errStop
+			err = p.err
 		}
 	}()
 	if p.stopped {
-		return errStop // librbd may call back after a stop
+		return p.stopErr() // a Differ may call back after a stop
 	}
 	if err := p.ctx.Err(); err != nil {
 		p.stop(err)
-		return errStop
+		return err
 	}
-	if exists == 0 && p.skipGone {
-		return 0
+	if !exists && p.skipGone {
+		return nil
 	}
-	o, end := int64(off), int64(off+length)
+	o, end := off, off+length
 	if !p.force(o) {
-		return errStop
+		return p.stopErr()
 	}
 	for o < end {
 		oe := min(end, (o/p.objSize+1)*p.objSize)
-		if !p.add(candidate{off: o, len: oe - o, exists: exists != 0, fresh: exists != 0 && p.hasBefore && !p.existedBefore(o)}) {
-			return errStop
+		if !p.add(candidate{off: o, len: oe - o, exists: exists, fresh: exists && p.hasBefore && !p.existedBefore(o)}) {
+			return p.stopErr()
 		}
 		o = oe
 	}
-	return 0
+	return nil
 }
 
-// walk makes every object of the raw ranges rs (ascending, merged, in
+// errPipelineStopped is what feed returns once stopped when no reason was
+// kept (there always is one: emit's, the context's or a timeout).
+var errPipelineStopped = errors.New("precise pipeline stopped")
+
+// stopErr is why the pipeline stopped.
+func (p *pipeline) stopErr() error {
+	if p.err != nil {
+		return p.err
+	}
+	return errPipelineStopped
+}
+
+// every makes every object of the raw ranges rs (ascending, merged, in
 // whole objects but at the ends of the Iterate range) a candidate, in
 // image order, instead of librbd's whole-object diff naming them: for an
 // image without a usable object map, where librbd would run list_snaps on
@@ -140,7 +151,7 @@ func (p *pipeline) feed(off, length uint64, exists int, _ any) (ret int) {
 // to batch objects, not necessarily adjacent (candidate.objs). The window
 // bounds memory and the queries in flight as for feed; it returns once
 // the ranges are walked or the pipeline stopped (finish says why).
-func (p *pipeline) walk(rs []span) {
+func (p *pipeline) every(rs []span) {
 	batch := int64(max(p.batch, 1))
 	var c candidate
 	flush := func() bool {
@@ -254,8 +265,8 @@ func (p *pipeline) deliver(wait bool) bool {
 			return false
 		}
 		for _, s := range j.out {
-			if p.emit(uint64(s.off), uint64(s.len), 1, nil) < 0 {
-				p.stopped = true // emit keeps its reason
+			if err := p.emit(s.off, s.len); err != nil {
+				p.stop(err)
 				return false
 			}
 		}
@@ -298,9 +309,10 @@ func (p *pipeline) run(c candidate) ([]span, error) {
 		if p.ctx.Err() != nil {
 			return nil, nil // stopping anyway; finish reports why
 		}
-		// Only an unanswered query stops: EOPNOTSUPP
-		// (cepherr.ErrUnavailable, also UNAVAILABLE to the client) is what an erasure-coded pool may answer to a query
-		// that a replicated one serves, and that object falls back.
+		// Only an unanswered query stops: EOPNOTSUPP (cepherr.ErrUnavailable,
+		// also UNAVAILABLE to the client) is what an erasure-coded pool may
+		// answer to a query that a replicated one serves, and that object
+		// falls back.
 		if err = cepherr.Classify(err); cepherr.Unanswered(err) {
 			return nil, fmt.Errorf("refine the changes at %d+%d: %w", c.off, c.len, err)
 		}

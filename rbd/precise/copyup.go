@@ -1,4 +1,4 @@
-package rbd
+package precise
 
 // Copied-up objects. When a clone first writes to an object that it reads
 // from its parent, librbd copies the parent's data into the clone's object
@@ -54,28 +54,27 @@ func (l *layer) sums(ctx context.Context, off, end int64) ([]chunkSum, error) {
 	out := make([]chunkSum, 0, (end-off)/dataChunk)
 	err := l.eachObject(ctx, off, end, func(o, oe, base int64, name string) error {
 		size, s, err := chunkSums(l.ioctx, name, o-base, oe-o)
-		switch {
-		case isNoEnt(err):
-			p, err := l.parentSums(ctx, o, oe)
-			if err != nil {
-				return err
-			}
-			out = append(out, p...)
-		case err != nil:
+		if isNoEnt(err) {
+			return err
+		}
+		if err != nil {
 			return reasoned{ReasonChecksum, fmt.Errorf("checksum %s: %w", name, err)}
-		default:
-			for i, c := 0, o; c < oe; i, c = i+1, c+dataChunk {
-				switch {
-				case i < len(s):
-					out = append(out, chunkSum{s[i], true})
-				case c-base >= size: // past the object's end: zeros
-					out = append(out, chunkSum{zeroSum, true})
-				default: // the chunk the object ends in
-					out = append(out, chunkSum{})
-				}
+		}
+		for i, c := 0, o; c < oe; i, c = i+1, c+dataChunk {
+			switch {
+			case i < len(s):
+				out = append(out, chunkSum{s[i], true})
+			case c-base >= size: // past the object's end: zeros
+				out = append(out, chunkSum{zeroSum, true})
+			default: // the chunk the object ends in
+				out = append(out, chunkSum{})
 			}
 		}
 		return nil
+	}, func(o, oe int64) error {
+		p, err := l.parentSums(ctx, o, oe)
+		out = append(out, p...)
+		return err
 	})
 	return out, err
 }
@@ -157,17 +156,19 @@ func keepChunks(s []span, lo int64, keep func(int) bool) []span {
 
 // changedChunks returns the parts of cand (image offsets, normalized, not
 // empty) in chunks whose content differs between the image at s1 and at s2.
-func (r *refiner) changedChunks(ctx context.Context, cand []span) ([]span, error) {
+func (r *Refiner) changedChunks(ctx context.Context, cand []span) ([]span, error) {
 	lo, hi := chunkEnvelope(cand)
-	s1, err := r.base.sums(ctx, lo, hi)
+	sums1, err := r.base.sums(ctx, lo, hi)
 	if err != nil {
 		return nil, err
 	}
-	s2, err := r.top.sums(ctx, lo, hi)
+	sums2, err := r.top.sums(ctx, lo, hi)
 	if err != nil {
 		return nil, err
 	}
-	return keepChunks(cand, lo, func(i int) bool { return !s1[i].ok || !s2[i].ok || s1[i].v != s2[i].v }), nil
+	return keepChunks(cand, lo, func(i int) bool {
+		return !sums1[i].ok || !sums2[i].ok || sums1[i].v != sums2[i].v
+	}), nil
 }
 
 // underParent reports whether the layer's object that starts at image

@@ -1,4 +1,4 @@
-package rbd
+package precise
 
 import (
 	"context"
@@ -33,16 +33,16 @@ func fakeRefine(fail map[int64]bool, inFlight, peak *atomic.Int64) func(context.
 // runPipeline feeds extents as librbd would and collects what reaches emit.
 func runPipeline(ctx context.Context, p *pipeline, extents []span, emitErrAt int) ([]span, error) {
 	var got []span
-	p.emit = func(off, length uint64, exists int, _ any) int {
+	p.emit = func(off, length int64) error {
 		if len(got) == emitErrAt {
-			return errStop
+			return errors.New("emit failed")
 		}
-		got = append(got, span{int64(off), int64(length)})
-		return 0
+		got = append(got, span{off, length})
+		return nil
 	}
 	var err error
 	for _, e := range extents {
-		if p.feed(uint64(e.off), uint64(e.len), 1, nil) < 0 {
+		if p.feed(e.off, e.len, true) != nil {
 			err = errors.New("stopped")
 			break
 		}
@@ -112,15 +112,15 @@ func TestPipelineStops(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	p = newPipeline(ctx, 100, 8, false, fakeRefine(nil, &inFlight, &peak), nil, func(error) {})
 	var emitted int
-	p.emit = func(off, length uint64, exists int, _ any) int {
+	p.emit = func(off, length int64) error {
 		if emitted++; emitted == 3 {
 			cancel()
 		}
-		return 0
+		return nil
 	}
 	var stop error
 	for _, e := range in {
-		if p.feed(uint64(e.off), uint64(e.len), 1, nil) < 0 {
+		if p.feed(e.off, e.len, true) != nil {
 			stop = errors.New("stopped")
 			break
 		}
@@ -131,8 +131,8 @@ func TestPipelineStops(t *testing.T) {
 	if n := inFlight.Load(); n != 0 {
 		t.Errorf("%d jobs still running after finish", n)
 	}
-	if p.feed(0, 100, 1, nil) != errStop {
-		t.Error("feed after a stop: want errStop")
+	if p.feed(0, 100, true) == nil {
+		t.Error("feed after a stop: want an error")
 	}
 }
 
@@ -142,12 +142,12 @@ func TestPipelineSkipsGone(t *testing.T) {
 	var inFlight, peak atomic.Int64
 	p := newPipeline(context.Background(), 100, 2, true, fakeRefine(nil, &inFlight, &peak), nil, func(error) {})
 	var got []span
-	p.emit = func(off, length uint64, exists int, _ any) int {
-		got = append(got, span{int64(off), int64(length)})
-		return 0
+	p.emit = func(off, length int64) error {
+		got = append(got, span{off, length})
+		return nil
 	}
-	p.feed(0, 100, 0, nil)
-	p.feed(100, 100, 1, nil)
+	p.feed(0, 100, false)
+	p.feed(100, 100, true)
 	if err := p.finish(nil); err != nil || fmt.Sprint(got) != fmt.Sprint([]span{{100, 25}}) {
 		t.Errorf("got %v, %v; want [{100 25}]", got, err)
 	}
@@ -234,18 +234,18 @@ func TestPipelineForcedRange(t *testing.T) {
 func TestPipelineFeedPanic(t *testing.T) {
 	var inFlight, peak atomic.Int64
 	p := newPipeline(context.Background(), 100, 1, false, fakeRefine(nil, &inFlight, &peak), nil, func(error) {})
-	p.emit = func(uint64, uint64, int, any) int { panic("bug in the callback") }
-	ret := 0
+	p.emit = func(int64, int64) error { panic("bug in the callback") }
+	var ret error
 	for _, e := range []span{{0, 100}, {100, 100}, {200, 100}} {
-		if ret = p.feed(uint64(e.off), uint64(e.len), 1, nil); ret < 0 {
+		if ret = p.feed(e.off, e.len, true); ret != nil {
 			break
 		}
 	}
-	if ret != errStop {
-		t.Fatalf("feed returned %d after a panic, want errStop", ret)
+	if ret == nil {
+		t.Fatal("feed returned nil after a panic, want an error that stops the diff")
 	}
-	if got := p.feed(300, 100, 1, nil); got != errStop {
-		t.Errorf("feed after the panic returned %d, want errStop", got)
+	if got := p.feed(300, 100, true); got == nil {
+		t.Error("feed after the panic returned nil, want an error")
 	}
 	err := p.finish(nil)
 	if err == nil || !strings.Contains(err.Error(), "panicked") {
@@ -314,15 +314,15 @@ func TestPipelineExistence(t *testing.T) {
 	// At the base: objects 0, 1 and 5; at the target: 1, 3 (and 5 gone).
 	p.forced = forcedRanges(100, 0, 1000, []span{{0, 200}, {500, 100}})
 	var got []span
-	p.emit = func(off, length uint64, exists int, _ any) int {
-		got = append(got, span{int64(off), int64(length)})
-		return 0
+	p.emit = func(off, length int64) error {
+		got = append(got, span{off, length})
+		return nil
 	}
 	for _, f := range []struct {
-		off    uint64
-		exists int
-	}{{100, 1}, {300, 1}, {500, 0}} {
-		if p.feed(f.off, 100, f.exists, nil) < 0 {
+		off    int64
+		exists bool
+	}{{100, true}, {300, true}, {500, false}} {
+		if p.feed(f.off, 100, f.exists) != nil {
 			t.Fatal("stopped")
 		}
 	}
@@ -349,11 +349,11 @@ func TestPipelineWalk(t *testing.T) {
 		return inner(ctx, c)
 	}
 	var got []span
-	p := newPipeline(context.Background(), 100, 6, false, refine, func(off, length uint64, _ int, _ any) int {
-		got = append(got, span{int64(off), int64(length)})
-		return 0
+	p := newPipeline(context.Background(), 100, 6, false, refine, func(off, length int64) error {
+		got = append(got, span{off, length})
+		return nil
 	}, func(error) { fellBack.Add(1) })
-	p.walk([]span{{250, 4030 - 250}})
+	p.every([]span{{250, 4030 - 250}})
 	if err := p.finish(nil); err != nil {
 		t.Fatal(err)
 	}
@@ -381,13 +381,13 @@ func TestPipelineWalk(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	n := 0
-	p = newPipeline(ctx, 100, 4, false, refine, func(uint64, uint64, int, any) int {
+	p = newPipeline(ctx, 100, 4, false, refine, func(int64, int64) error {
 		if n++; n == 3 {
 			cancel()
 		}
-		return 0
+		return nil
 	}, func(error) {})
-	p.walk([]span{{0, 1 << 40}})
+	p.every([]span{{0, 1 << 40}})
 	if err := p.finish(nil); !errors.Is(err, context.Canceled) {
 		t.Errorf("after a cancel: %v, want context.Canceled", err)
 	}
@@ -407,12 +407,12 @@ func TestPipelineWalkListed(t *testing.T) {
 		return out, nil
 	}
 	var got []span
-	p := newPipeline(context.Background(), 100, 1, false, refine, func(off, length uint64, _ int, _ any) int {
-		got = append(got, span{int64(off), int64(length)})
-		return 0
+	p := newPipeline(context.Background(), 100, 1, false, refine, func(off, length int64) error {
+		got = append(got, span{off, length})
+		return nil
 	}, func(error) {})
 	p.batch = 3
-	p.walk([]span{{150, 50}, {500, 200}, {1200, 100}, {4000, 20}})
+	p.every([]span{{150, 50}, {500, 200}, {1200, 100}, {4000, 20}})
 	if err := p.finish(nil); err != nil {
 		t.Fatal(err)
 	}
@@ -466,13 +466,13 @@ func TestPipelineFresh(t *testing.T) {
 		mu.Unlock()
 		return nil, nil
 	}
-	p := newPipeline(context.Background(), 100, 4, false, refine, func(uint64, uint64, int, any) int { return 0 }, func(error) {})
+	p := newPipeline(context.Background(), 100, 4, false, refine, func(int64, int64) error { return nil }, func(error) {})
 	p.before, p.hasBefore = []span{{200, 200}, {900, 100}}, true
 	p.forced = []span{{700, 100}}
-	p.feed(0, 300, 1, nil)   // objects 0, 1: fresh; 2: existed
-	p.feed(300, 200, 1, nil) // 3: existed; 4: fresh
-	p.feed(500, 100, 0, nil) // 5: gone at the target
-	p.feed(900, 200, 1, nil) // 7 forced before it; 9 existed; 10 fresh
+	p.feed(0, 300, true)    // objects 0, 1: fresh; 2: existed
+	p.feed(300, 200, true)  // 3: existed; 4: fresh
+	p.feed(500, 100, false) // 5: gone at the target
+	p.feed(900, 200, true)  // 7 forced before it; 9 existed; 10 fresh
 	if err := p.finish(nil); err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,171 @@
+package rbd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"syscall"
+
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd/internal/cepherr"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd/precise"
+
+	librbd "github.com/ceph/go-ceph/rbd"
+)
+
+// errStop is what the diff callback returns to librbd to stop the
+// iteration: a negative errno, since librbd ignores positive values.
+const errStop = -int(syscall.ECANCELED)
+
+// objectDiffer is the Diff as precise mode's Differ: whole-object diffs of
+// its image.
+type objectDiffer struct{ d *Diff }
+
+func (o objectDiffer) DiffObjects(ctx context.Context, q precise.Objects, fn func(off, length int64, exists bool) error) error {
+	return o.d.diff(ctx, q, true, fn)
+}
+
+// diff runs one librbd diff-iterate of the Diff's image, as q asks, and
+// calls fn for each extent librbd reports; whole: in whole objects. It is
+// the one librbd callback of the package:
+//
+//   - fn returning an error, or ctx ending, stops librbd (a negative errno
+//     from the callback) and diff returns that error unchanged, in
+//     preference to librbd's; callbacks librbd still makes after the stop
+//     are ignored;
+//   - a panic of fn must not unwind through librbd, which would be left
+//     holding its locks: it stops librbd too, and diff panics again once
+//     librbd returned (with the callback's stack).
+//
+// librbd calls back on the calling thread: fn may block, which blocks
+// librbd.
+func (d *Diff) diff(ctx context.Context, q precise.Objects, whole bool, fn func(off, length int64, exists bool) error) error {
+	var (
+		kept     error
+		panicked *callbackPanic
+		called   bool
+	)
+	cb := func(off, length uint64, exists int, _ any) (ret int) {
+		defer func() {
+			if r := recover(); r != nil {
+				panicked = &callbackPanic{value: r, stack: debug.Stack()}
+				kept = fmt.Errorf("diff callback panicked: %v", r)
+				ret = errStop
+			}
+		}()
+		called = true
+		if kept != nil {
+			return errStop
+		}
+		if kept = ctx.Err(); kept == nil {
+			kept = fn(int64(off), int64(length), exists != 0)
+		}
+		if kept != nil {
+			return errStop
+		}
+		return 0
+	}
+	err := d.diffIterate(q, whole, cb, func() bool { return called })
+	if panicked != nil {
+		panic(panicked)
+	}
+	if kept != nil {
+		return kept
+	}
+	return err
+}
+
+// diffIterate runs librbd's diff-iterate of q with the callback cb:
+//
+//   - at another snapshot than the target (precise mode's objects of the
+//     base), from the beginning: the image is set to that snapshot, the
+//     range clipped to its size, and the image set back to the target;
+//   - from the beginning (allocated, or a precise delta by existence);
+//   - from the base by snapshot ID (rbd_diff_iterate3), falling back to
+//     the base's name when librbd refuses it before calling back (called).
+//
+// Implements (through go-ceph): rbd_diff_iterate3, rbd_diff_iterate2,
+// rbd_snap_set_by_id, rbd_get_size.
+func (d *Diff) diffIterate(q precise.Objects, whole bool, cb librbd.DiffIterateCallback, called func() bool) error {
+	wholeObject, parent := librbd.DisableWholeObject, librbd.ExcludeParent
+	if whole {
+		wholeObject = librbd.EnableWholeObject
+	}
+	if q.Parent {
+		parent = librbd.IncludeParent
+	}
+	off, length := uint64(q.Off), uint64(q.Len)
+	switch {
+	case q.At != d.target.snapID:
+		if q.From != 0 {
+			return fmt.Errorf("diff %s: from snapshot %d at snapshot %d: %w", d.target, q.From, q.At, errors.ErrUnsupported)
+		}
+		err := d.image.SetSnapByID(q.At)
+		var size uint64
+		if err == nil {
+			size, err = d.image.GetSize()
+		}
+		if err == nil && off < size {
+			err = d.image.DiffIterate(librbd.DiffIterateConfig{
+				SnapName:      librbd.NoSnapshot,
+				Offset:        off,
+				Length:        min(length, size-off),
+				IncludeParent: parent,
+				WholeObject:   wholeObject,
+				Callback:      cb,
+			})
+		}
+		if serr := d.image.SetSnapByID(d.target.snapID); err == nil && serr != nil {
+			err = serr
+		}
+		return cepherr.Wrap(fmt.Sprintf("list the objects of %s at snapshot %d", d.target.imageSpec(), q.At), err)
+	case q.From == 0:
+		err := d.image.DiffIterate(librbd.DiffIterateConfig{
+			SnapName:      librbd.NoSnapshot,
+			Offset:        off,
+			Length:        length,
+			IncludeParent: parent,
+			WholeObject:   wholeObject,
+			Callback:      cb,
+		})
+		return cepherr.Wrap("diff "+d.target.String(), err)
+	}
+	what := fmt.Sprintf("diff %s from %s", d.target, d.base)
+	err := d.image.DiffIterateByID(librbd.DiffIterateByIDConfig{
+		FromSnapID:    q.From,
+		Offset:        off,
+		Length:        length,
+		IncludeParent: parent,
+		WholeObject:   wholeObject,
+		Callback:      cb,
+	})
+	if !errors.Is(err, librbd.ErrNotImplemented) || called() { // only from rbd_diff_iterate3
+		return cepherr.Wrap(what, err)
+	}
+	// librbd without rbd_diff_iterate3 (before Ceph reef): rbd_diff_iterate2
+	// names the base snapshot.
+	if d.base == nil || q.From != d.base.snapID || d.base.snapName == "" {
+		return fmt.Errorf("%s: the base snapshot has no name, and this librbd cannot diff by snapshot ID (needs Ceph reef 18.2 or later): %w",
+			what, errors.ErrUnsupported)
+	}
+	err = d.image.DiffIterate(librbd.DiffIterateConfig{
+		SnapName:      d.base.snapName,
+		Offset:        off,
+		Length:        length,
+		IncludeParent: parent,
+		WholeObject:   wholeObject,
+		Callback:      cb,
+	})
+	return cepherr.Wrap(what, err)
+}
+
+// callbackPanic is a panic of a diff callback, raised again after librbd
+// returned, with the stack of the callback.
+type callbackPanic struct {
+	value any
+	stack []byte
+}
+
+func (p *callbackPanic) String() string {
+	return fmt.Sprintf("%v\n\ncallback stack:\n%s", p.value, p.stack)
+}

@@ -1,0 +1,247 @@
+package precise
+
+// The layers of an image, as precise mode reads them: the image at a
+// snapshot, then its parent at the parent snapshot, up the clone chain.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd/internal/cepherr"
+
+	"github.com/ceph/go-ceph/rados"
+	librbd "github.com/ceph/go-ceph/rbd"
+)
+
+// layer is an image at one snapshot, as precise mode reads it: an object
+// that does not exist there reads from the parent layer within overlap.
+type layer struct {
+	ioctx     *rados.IOContext // the data pool, reading at the layer's snapshot
+	pool, ns  string           // where the image's data objects are: its pool or its data pool
+	data      *dataQuery       // how the data pool says where data lies
+	prefix    string           // the image's block name prefix
+	oldFormat bool             // a format 1 image
+	objSize   int64
+	overlap   int64 // bytes backed by parent
+	parent    *layer
+}
+
+func (l *layer) object(objno int64) string { return dataObject(l.prefix, l.oldFormat, objno) }
+
+// dataObject is the name of data object objno of an image with the block
+// name prefix prefix (rbd_data.<image id> in format 2, rb.0.<...> in
+// format 1), as librbd's util::data_object_name forms it: 12 hex digits in
+// format 1, 16 in format 2.
+func dataObject(prefix string, oldFormat bool, objno int64) string {
+	if oldFormat {
+		return fmt.Sprintf("%s.%012x", prefix, objno)
+	}
+	return fmt.Sprintf("%s.%016x", prefix, objno)
+}
+
+// ioctx opens an ioctx reading at snap, closed with the Refiner.
+func (r *Refiner) ioctx(conn *rados.Conn, pool, ns string, snap uint64) (*rados.IOContext, error) {
+	ioctx, err := conn.OpenIOContext(pool)
+	if err != nil {
+		return nil, cepherr.Wrap("open pool "+pool, err)
+	}
+	r.ioctxs = append(r.ioctxs, ioctx)
+	ioctx.SetNamespace(ns)
+	if err := ioctx.SetReadSnap(rados.SnapID(snap)); err != nil {
+		return nil, cepherr.Wrap("set read snapshot", err)
+	}
+	return ioctx, nil
+}
+
+// layer describes img, set to snapshot snap, and its parents.
+func (r *Refiner) layer(conn *rados.Conn, pool, ns string, img *librbd.Image, snap uint64, depth int) (*layer, error) {
+	st, err := img.Stat()
+	if err != nil {
+		return nil, cepherr.Wrap("stat image", err)
+	}
+	su, err := img.GetStripeUnit()
+	if err != nil {
+		return nil, cepherr.Wrap("get stripe unit", err)
+	}
+	sc, err := img.GetStripeCount()
+	if err != nil {
+		return nil, cepherr.Wrap("get stripe count", err)
+	}
+	// With one object per stripe, the stripe unit does not matter: byte b
+	// of the image is in object b / object size (a clone inherits its
+	// parent's stripe unit, which can be smaller than its objects).
+	if st.Obj_size == 0 || su == 0 || st.Obj_size%su != 0 || sc != 1 {
+		return nil, unrefinable{ReasonStriping, fmt.Sprintf("non-default striping (object size %d, stripe unit %d, stripe count %d)", st.Obj_size, su, sc)}
+	}
+	features, err := img.GetFeatures()
+	if err != nil {
+		return nil, cepherr.Wrap("get features", err)
+	}
+	dataPool := pool
+	if features&librbd.FeatureDataPool != 0 {
+		// Ceph-CSI's dataPool: the header here, the data objects in
+		// the data pool (nearly always erasure-coded), same namespace.
+		if dataPool, err = r.dataPool(conn, pool, ns, img); err != nil {
+			return nil, err
+		}
+	}
+	ioctx, err := r.ioctx(conn, dataPool, ns, snap)
+	if err != nil {
+		return nil, err
+	}
+	old, err := img.IsOldFormat()
+	if err != nil {
+		return nil, cepherr.Wrap("get image format", err)
+	}
+	l := &layer{ioctx: ioctx, pool: dataPool, ns: ns, data: r.query(dataPool), prefix: st.Block_name_prefix, oldFormat: old, objSize: int64(st.Obj_size)}
+
+	parent, err := img.GetParent()
+	if errors.Is(err, librbd.ErrNotFound) {
+		return l, nil
+	}
+	if err != nil {
+		return nil, cepherr.Wrap("get parent", err)
+	}
+	overlap, err := img.GetOverlap()
+	if err != nil {
+		return nil, cepherr.Wrap("get parent overlap", err)
+	}
+	if overlap == 0 {
+		return l, nil
+	}
+	if depth >= maxParentDepth {
+		return nil, unrefinable{ReasonCloneDepth, fmt.Sprintf("a clone chain deeper than %d", maxParentDepth)}
+	}
+	pi := parent.Image
+	pio, err := conn.OpenIOContext(pi.PoolName)
+	if err != nil {
+		return nil, cepherr.Wrap("open parent pool "+pi.PoolName, err)
+	}
+	defer pio.Destroy()
+	pio.SetNamespace(pi.PoolNamespace)
+	pimg, err := librbd.OpenImageByIdReadOnly(pio, pi.ImageID, librbd.NoSnapshot)
+	if err != nil {
+		return nil, cepherr.Wrap("open parent image "+pi.ImageName, err)
+	}
+	defer pimg.Close()
+	if err := pimg.SetSnapByID(parent.Snap.ID); err != nil {
+		return nil, cepherr.Wrap(fmt.Sprintf("set parent image %s to snapshot %d", pi.ImageName, parent.Snap.ID), err)
+	}
+	if l.parent, err = r.layer(conn, pi.PoolName, pi.PoolNamespace, pimg, parent.Snap.ID, depth+1); err != nil {
+		return nil, err
+	}
+	l.overlap = int64(overlap)
+	return l, nil
+}
+
+// dataPool returns the name of the data pool of img, in pool and ns.
+func (r *Refiner) dataPool(conn *rados.Conn, pool, ns string, img *librbd.Image) (string, error) {
+	imageID, err := img.GetId()
+	if err != nil {
+		return "", cepherr.Wrap("get image id", err)
+	}
+	key := [3]string{pool, ns, imageID}
+	if name, ok := r.dataPools[key]; ok {
+		return name, nil
+	}
+	hio, err := conn.OpenIOContext(pool)
+	if err != nil {
+		return "", cepherr.Wrap("open pool "+pool, err)
+	}
+	hio.SetNamespace(ns)
+	id, err := dataPoolID(hio, imageID)
+	hio.Destroy()
+	if err != nil {
+		return "", cepherr.Wrap("get data pool", err)
+	}
+	name, err := conn.GetPoolByID(id)
+	if err != nil {
+		return "", cepherr.Wrap(fmt.Sprintf("look up data pool %d", id), err)
+	}
+	if r.dataPools == nil {
+		r.dataPools = map[[3]string]string{}
+	}
+	r.dataPools[key] = name
+	return name, nil
+}
+
+// query returns the dataQuery of pool, made on first use.
+func (r *Refiner) query(pool string) *dataQuery {
+	if r.queries == nil {
+		r.queries = map[string]*dataQuery{}
+	}
+	q := r.queries[pool]
+	if q == nil {
+		q = &dataQuery{summed: &r.summed}
+		r.queries[pool] = q
+	}
+	return q
+}
+
+// allocated refines an allocated candidate: the data the image holds in
+// it at the target snapshot, from its parents where its object is missing.
+func (r *Refiner) allocated(ctx context.Context, c candidate) ([]span, error) {
+	r.objects.Add(1)
+	return r.top.view(ctx, c.off, c.off+c.len)
+}
+
+// view returns the allocated extents of the layer in [off, end), image
+// offsets.
+func (l *layer) view(ctx context.Context, off, end int64) ([]span, error) {
+	var out []span
+	err := l.eachObject(ctx, off, end, func(o, oe, base int64, name string) error {
+		ext, err := l.data.extents(l.ioctx, name, o-base, oe-o, -1)
+		if err != nil {
+			return err
+		}
+		ext = clip(shift(ext, base), o, oe)
+		if l.underParent(base) && !l.data.noMapext.Load() && spanBytes(ext) > copyUpDense {
+			// Maybe copied up densely: leave its zeros out (checksums
+			// already did, where the pool refuses mapext).
+			if ext, err = l.withoutZeros(ctx, ext); err != nil {
+				return err
+			}
+		}
+		out = append(out, ext...)
+		return nil
+	}, func(o, oe int64) error {
+		p, err := l.parentView(ctx, o, oe)
+		out = append(out, p...)
+		return err
+	})
+	return out, err
+}
+
+// eachObject calls own for each of the layer's objects that [off, end)
+// (image offsets) meets: the part [o, oe) of the range in it, where the
+// object starts, and its name. Where own finds that the object does not
+// exist (radosErr(-ENOENT)), the layer reads its parent chain instead:
+// eachObject calls parent for the part.
+func (l *layer) eachObject(ctx context.Context, off, end int64, own func(o, oe, base int64, name string) error, parent func(o, oe int64) error) error {
+	for o := off; o < end; {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		base := o - o%l.objSize
+		oe := min(end, base+l.objSize)
+		err := own(o, oe, base, l.object(base/l.objSize))
+		if isNoEnt(err) {
+			err = parent(o, oe)
+		}
+		if err != nil {
+			return err
+		}
+		o = oe
+	}
+	return nil
+}
+
+// parentView returns what the layer reads from its parent chain in
+// [off, end), image offsets: nothing beyond the overlap.
+func (l *layer) parentView(ctx context.Context, off, end int64) ([]span, error) {
+	if l.parent == nil || off >= l.overlap {
+		return nil, nil
+	}
+	return l.parent.view(ctx, off, min(end, l.overlap))
+}

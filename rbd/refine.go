@@ -1,0 +1,50 @@
+package rbd
+
+import (
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd/precise"
+)
+
+// PreciseStats describes precise mode's work on a Diff (package precise).
+type PreciseStats = precise.Stats
+
+// How precise mode finds the candidates of an image without a usable
+// object map (Options.Walk); see package precise.
+const (
+	WalkAuto   = precise.WalkAuto
+	WalkList   = precise.WalkList
+	WalkProbe  = precise.WalkProbe
+	WalkLibrbd = precise.WalkLibrbd
+)
+
+// openPrecise prepares precise mode (package precise) after open: the image as
+// plain values, from which precise mode opens handles of its own. When it
+// cannot refine, the Diff runs librbd's exact diff and PreciseStats says
+// why. Only failing to read what a shrink cut off is an error.
+func (d *Diff) openPrecise() error {
+	t := d.target
+	img := precise.Image{Conn: d.cc.Rados(), Pool: t.pool, Namespace: t.namespace, ID: t.imageID, Name: t.image, Spec: t.imageSpec(),
+		Target: t.snapID, Size: d.capacity + d.header, Header: d.header}
+	if d.header == 0 {
+		img.LibrbdEncrypted = librbdEncrypted(d.image)
+	}
+	if d.base != nil {
+		img.Base = d.base.snapID
+		lo, hi, err := d.cutOff()
+		if err != nil {
+			return err
+		}
+		img.Shrunk = [2]int64{lo, hi}
+	}
+	d.refine = precise.Open(img, precise.Options{TrustObjectMap: d.trustObjectMap, Walk: d.walk})
+	if !d.refine.Refines() {
+		d.whole = false // librbd's exact diff
+	}
+	return nil
+}
+
+// PreciseStats describes precise mode's work on this Diff so far.
+func (d *Diff) PreciseStats() PreciseStats {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.refine.Stats()
+}
