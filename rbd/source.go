@@ -36,7 +36,7 @@ type Options struct {
 	// magnitude faster, but extents are rounded out to whole objects.
 	WholeObject bool
 	// Precise refines the whole-object diff to the bytes that really
-	// changed, with RADOS queries per changed object (see precise.go).
+	// changed, with RADOS queries per changed object (see rbd/precise).
 	// It overrides WholeObject.
 	Precise bool
 	// TrustObjectMap makes precise mode take a delta's candidates from the
@@ -44,12 +44,12 @@ type Options struct {
 	// existence at either snapshot. Faster on large images with few
 	// changes, but it misses changes after operations that leave clean
 	// bits on changed objects: `rbd snap rollback`, and copy-on-read
-	// clones (rbd_clone_copy_on_read). See precise.go.
+	// clones (rbd_clone_copy_on_read). See rbd/precise.
 	TrustObjectMap bool
 	// Walk says how precise mode finds the candidates of an image without
 	// a usable object map (no fast-diff, or a map flagged invalid):
 	// WalkAuto (the default), WalkList, WalkProbe or WalkLibrbd (see
-	// precise_list.go).
+	// rbd/precise/list.go).
 	Walk string
 }
 
