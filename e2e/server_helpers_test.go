@@ -141,9 +141,12 @@ func startServer(t testing.TB, extraFlags ...string) *rsmServer {
 	}
 	s.sm = csi.NewSnapshotMetadataClient(s.conn)
 	s.id = csi.NewIdentityClient(s.conn)
+	// The socket file exists from bind(2), a moment before listen(2): a
+	// connect in between is refused, so the first call waits for the
+	// connection (10 s at most) rather than fail at once.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := s.id.Probe(ctx, &csi.ProbeRequest{}); err != nil {
+	if _, err := s.id.Probe(ctx, &csi.ProbeRequest{}, grpc.WaitForReady(true)); err != nil {
 		t.Fatalf("Probe %s: %v", sock, err)
 	}
 	return s
