@@ -22,21 +22,14 @@
 // after them). layout_test.go at the repository's root checks that this
 // index names every Test function of every file, and nothing else.
 //
-// The harness, and the helpers the other files share (files without a
-// test hold helpers only):
+// The harness: the package e2e/harness holds what more than one test file
+// uses (its doc lists it by file: the cluster and its images, Ceph-CSI's
+// layout, the server as a subprocess or in process, the references, the
+// faults); a helper that one file uses stays in that file. Its own tests
+// check the references the other tests trust:
 //
 //   - harness_test.go: TestHarnessDiffTrashSnapshotsByID,
 //     TestHarnessCSIUserAndNamespace
-//   - server_helpers_test.go: (helpers: the server binary as a
-//     subprocess, raw CSI calls, the spec's stream invariants, rbd diff and
-//     byte references)
-//   - csi_fixture_test.go: (helpers: volumes and snapshots laid out as
-//     Ceph-CSI's controller makes them)
-//   - reliability_helpers_test.go: (helpers: faults in the cluster's
-//     daemons, a restartable server process, /metrics, the in-process
-//     server of rbd.Source, internal/rbddriver, driver and server.Run)
-//   - precise_histories_test.go: (helpers: the kinds of history
-//     TestPreciseOracle mixes into its random ones)
 //
 // Answers: every RPC against references (rbd diff, the bytes of the
 // snapshots, librbd's own diff), every ID form, paging and resuming:
@@ -57,6 +50,8 @@
 //   - precise_ec_test.go: TestPreciseOracleECDataPool
 //   - precise_kinds_test.go: TestPreciseVolumeKinds
 //   - precise_listing_test.go: TestPreciseListing
+//   - precise_histories_test.go: (helpers: the kinds of history
+//     TestPreciseOracle mixes into its random ones)
 //   - precise_hazards_test.go: TestPreciseRollback, TestPreciseCopyOnRead,
 //     TestPreciseFormat1, TestPreciseMigration,
 //     TestPreciseFallbackReported, TestPreciseInvalidObjectMap

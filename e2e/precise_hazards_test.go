@@ -27,7 +27,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -35,6 +34,7 @@ import (
 	"github.com/ceph/go-ceph/rados"
 	"github.com/ceph/go-ceph/rbd"
 
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/harness"
 	rsm "github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd"
 )
 
@@ -44,8 +44,8 @@ import (
 func (w *preciseWorkload) hazardImage(parent *preciseImage, size uint64, order uint64) *preciseImage {
 	t := w.t
 	t.Helper()
-	p := &preciseImage{name: uniqueName(t, "hazard"), objSize: 1 << order, size: size}
-	opts := imageOptions(t, parent != nil)
+	p := &preciseImage{name: harness.UniqueName(t, "hazard"), objSize: 1 << order, size: size}
+	opts := harness.ImageOptions(t, parent != nil)
 	if err := opts.SetUint64(rbd.ImageOptionOrder, order); err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +63,7 @@ func (w *preciseWorkload) hazardImage(parent *preciseImage, size uint64, order u
 		p.size = parent.size
 		w.logf("clone %s@%s to %s order %d", parent.name, snap, p.name, order)
 	}
-	removeImageOnCleanup(t, w.ioctx, p.name)
+	harness.RemoveImageOnCleanup(t, w.ioctx, p.name)
 	w.open(p)
 	w.images = append(w.images, p)
 	return p
@@ -124,26 +124,26 @@ func checkHazard(t *testing.T, w *preciseWorkload, srcs map[string]*rsm.Source) 
 // that snapshot's object map, clean bits included, over the head's, so
 // the dirty bits of the next snapshot say nothing changed.
 func TestPreciseRollback(t *testing.T) {
-	conn := connectAdmin(t)
-	ioctx := openIOContext(t, conn, pool, "")
+	conn := harness.ConnectAdmin(t)
+	ioctx := harness.OpenIOContext(t, conn, harness.Pool, "")
 	srcs := preciseSources(t)
 	// The snapshot rolled back to must hold clean bits: one taken with
 	// nothing changed since the one before.
 	t.Run("plain", func(t *testing.T) {
 		w := newPreciseWorkload(t, ioctx, 16)
-		p := w.hazardImage(nil, 16*mib, 20)
+		p := w.hazardImage(nil, 16*harness.MiB, 20)
 		for _, o := range []uint64{0, 1, 3} {
-			w.write(p, o*mib+64*preciseKiB, 128*preciseKiB)
+			w.write(p, o*harness.MiB+64*preciseKiB, 128*preciseKiB)
 		}
 		w.snap(p) // s1
 		w.snap(p) // s2: clean bits
 		for _, o := range []uint64{0, 1, 3, 5} {
-			w.write(p, o*mib+64*preciseKiB, 128*preciseKiB)
+			w.write(p, o*harness.MiB+64*preciseKiB, 128*preciseKiB)
 		}
 		w.snap(p) // s3: the base
 		w.rollback(p, "s2")
 		w.snap(p) // s4: 512 KiB changed since s3, all reverted
-		w.write(p, 2*mib, 4*preciseKiB)
+		w.write(p, 2*harness.MiB, 4*preciseKiB)
 		w.snap(p) // s5
 		w.rollback(p, "s3")
 		w.snap(p) // s6
@@ -151,25 +151,25 @@ func TestPreciseRollback(t *testing.T) {
 	})
 	t.Run("clone", func(t *testing.T) {
 		w := newPreciseWorkload(t, ioctx, 17)
-		parent := w.hazardImage(nil, 16*mib, 20)
+		parent := w.hazardImage(nil, 16*harness.MiB, 20)
 		for o := uint64(0); o < 16; o++ {
-			w.write(parent, o*mib, mib)
+			w.write(parent, o*harness.MiB, harness.MiB)
 		}
 		w.snap(parent)
 		p := w.hazardImage(parent, 0, 20)
 		w.snap(p) // s1: all parent data
 		for _, o := range []uint64{2, 4} {
-			w.write(p, o*mib+64*preciseKiB, 128*preciseKiB)
+			w.write(p, o*harness.MiB+64*preciseKiB, 128*preciseKiB)
 		}
 		w.snap(p) // s2: objects 2 and 4 copied up
 		w.snap(p) // s3: clean bits
 		for _, o := range []uint64{2, 4, 6} {
-			w.write(p, o*mib+64*preciseKiB, 128*preciseKiB)
+			w.write(p, o*harness.MiB+64*preciseKiB, 128*preciseKiB)
 		}
 		w.snap(p) // s4: the base
 		w.rollback(p, "s3")
 		w.snap(p) // s5
-		w.write(p, 8*mib, 4*preciseKiB)
+		w.write(p, 8*harness.MiB, 4*preciseKiB)
 		w.snap(p) // s6
 		w.rollback(p, "s1")
 		w.snap(p) // s7: parent data again
@@ -182,13 +182,13 @@ func TestPreciseRollback(t *testing.T) {
 // after can have its dirty bit overwritten with a clean one. Twelve
 // trials, one object each.
 func TestPreciseCopyOnRead(t *testing.T) {
-	conn := connectAdmin(t)
-	ioctx := openIOContext(t, conn, pool, "")
+	conn := harness.ConnectAdmin(t)
+	ioctx := harness.OpenIOContext(t, conn, harness.Pool, "")
 	srcs := preciseSources(t)
 	w := newPreciseWorkload(t, ioctx, 18)
-	parent := w.hazardImage(nil, 24*mib, 20)
+	parent := w.hazardImage(nil, 24*harness.MiB, 20)
 	for o := uint64(0); o < 24; o++ {
-		w.write(parent, o*mib, mib)
+		w.write(parent, o*harness.MiB, harness.MiB)
 	}
 	w.snap(parent)
 	p := w.hazardImage(parent, 0, 20)
@@ -201,7 +201,7 @@ func TestPreciseCopyOnRead(t *testing.T) {
 	delays := []time.Duration{-1, 0, 50 * time.Microsecond, 100 * time.Microsecond, 200 * time.Microsecond, 400 * time.Microsecond,
 		700 * time.Microsecond, time.Millisecond, 2 * time.Millisecond, 3 * time.Millisecond, 5 * time.Millisecond, -1}
 	for i, delay := range delays {
-		o := 2 * uint64(i) * mib
+		o := 2 * uint64(i) * harness.MiB
 		read := func(off uint64) {
 			buf := make([]byte, 4*preciseKiB)
 			if _, err := p.img.ReadAt(buf, int64(off)); err != nil {
@@ -221,7 +221,7 @@ func TestPreciseCopyOnRead(t *testing.T) {
 			w.write(p, o+512*preciseKiB, 4*preciseKiB)
 			<-done
 		}
-		read(o + mib) // read only: copied up alone
+		read(o + harness.MiB) // read only: copied up alone
 		if i%2 == 1 {
 			w.snap(p)
 		}
@@ -245,17 +245,17 @@ func TestPreciseCopyOnRead(t *testing.T) {
 // TestPreciseFormat1: a format 1 image names its objects rb.0.<...>.%012x;
 // it has no object map, so every mode lists its objects.
 func TestPreciseFormat1(t *testing.T) {
-	conn := connectAdmin(t)
-	ioctx := openIOContext(t, conn, pool, "")
+	conn := harness.ConnectAdmin(t)
+	ioctx := harness.OpenIOContext(t, conn, harness.Pool, "")
 	srcs := preciseSources(t)
 	for _, seed := range []uint64{19, 20, 21} {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
 			w := newPreciseWorkload(t, ioctx, seed)
 			w.walks = true // format 1 has no object map
-			p := &preciseImage{name: uniqueName(t, "format1"), objSize: mib, size: 24 * mib}
+			p := &preciseImage{name: harness.UniqueName(t, "format1"), objSize: harness.MiB, size: 24 * harness.MiB}
 			t.Setenv("RBD_FORCE_ALLOW_V1", "1") // reef creates format 1 images only so
-			rbdCLI(t, "create", "--image-format", "1", "--object-size", "1M", "--size", "24M", pool+"/"+p.name)
-			removeImageOnCleanup(t, ioctx, p.name)
+			harness.RbdCLI(t, "create", "--image-format", "1", "--object-size", "1M", "--size", "24M", harness.Pool+"/"+p.name)
+			harness.RemoveImageOnCleanup(t, ioctx, p.name)
 			w.open(p)
 			if old, err := p.img.IsOldFormat(); err != nil || !old {
 				t.Fatalf("%s: old format %v, %v; want a format 1 image", p.name, old, err)
@@ -277,8 +277,8 @@ func TestPreciseFormat1(t *testing.T) {
 // and every Ceph-CSI snapshot is one. The test checks that refusal, and
 // should librbd ever allow it, that the handles are refused too.
 func TestPreciseMigration(t *testing.T) {
-	conn := connectAdmin(t)
-	ioctx := openIOContext(t, conn, pool, "")
+	conn := harness.ConnectAdmin(t)
+	ioctx := harness.OpenIOContext(t, conn, harness.Pool, "")
 	srcs := preciseSources(t)
 	refused := func(t *testing.T, what, base, target string) {
 		t.Helper()
@@ -300,35 +300,35 @@ func TestPreciseMigration(t *testing.T) {
 	}
 
 	t.Run("native", func(t *testing.T) {
-		src := uniqueName(t, "migrating")
-		img := createImage(t, ioctx, src, 16*mib)
-		writeAt(t, img, 0, 2*mib)
-		snapshot(t, img, "n1")
-		writeAt(t, img, 4*mib, 128*preciseKiB)
-		snapshot(t, img, "n2")
+		src := harness.UniqueName(t, "migrating")
+		img := harness.CreateImage(t, ioctx, src, 16*harness.MiB)
+		harness.WriteAt(t, img, 0, 2*harness.MiB)
+		harness.Snapshot(t, img, "n1")
+		harness.WriteAt(t, img, 4*harness.MiB, 128*preciseKiB)
+		harness.Snapshot(t, img, "n2")
 		if err := img.Close(); err != nil {
 			t.Fatal(err)
 		}
 		dst := src + "-migrated"
-		rbdCLI(t, "migration", "prepare", pool+"/"+src, pool+"/"+dst)
-		t.Cleanup(func() { rbdCLI(t, "migration", "abort", pool+"/"+dst) })
-		id := func(snap string) string { return clusterID + "/" + pool + "/" + dst + "@" + snap }
+		harness.RbdCLI(t, "migration", "prepare", harness.Pool+"/"+src, harness.Pool+"/"+dst)
+		t.Cleanup(func() { harness.RbdCLI(t, "migration", "abort", harness.Pool+"/"+dst) })
+		id := func(snap string) string { return harness.ClusterID + "/" + harness.Pool + "/" + dst + "@" + snap }
 		refused(t, "allocated", "", id("n2"))
 		refused(t, "delta", id("n1"), id("n2"))
 	})
 
 	t.Run("ceph-csi", func(t *testing.T) {
-		c := newCSICluster(t, conn, clusterID, "")
-		v := c.createVolume(t, 16*mib, nil)
-		v.write(t, 0, 2*mib)
-		s1 := v.snapshot(t)
-		v.write(t, 4*mib, 128*preciseKiB)
-		s2 := v.snapshot(t)
-		if err := v.img.Close(); err != nil {
+		c := harness.NewCSICluster(t, conn, harness.ClusterID, "")
+		v := c.CreateVolume(t, 16*harness.MiB, nil)
+		v.Write(t, 0, 2*harness.MiB)
+		s1 := v.Snapshot(t)
+		v.Write(t, 4*harness.MiB, 128*preciseKiB)
+		s2 := v.Snapshot(t)
+		if err := v.Img.Close(); err != nil {
 			t.Fatal(err)
 		}
-		dst := v.name + "-migrated"
-		out, err := rbdTry(t, "migration", "prepare", pool+"/"+v.name, pool+"/"+dst)
+		dst := v.Name + "-migrated"
+		out, err := harness.RbdTry(t, "migration", "prepare", harness.Pool+"/"+v.Name, harness.Pool+"/"+dst)
 		if err != nil {
 			if !strings.Contains(string(out), "linked clones") {
 				t.Fatalf("migration prepare of a volume with Ceph-CSI snapshots failed, but not for its linked clones: %v\n%s", err, out)
@@ -336,20 +336,10 @@ func TestPreciseMigration(t *testing.T) {
 			t.Logf("as expected, librbd refuses to migrate a volume with Ceph-CSI snapshots: %s", strings.TrimSpace(string(out)))
 			return
 		}
-		t.Cleanup(func() { rbdCLI(t, "migration", "abort", pool+"/"+dst) })
-		refused(t, "handle allocated", "", s2.handle())
-		refused(t, "handle delta", s1.handle(), s2.handle())
+		t.Cleanup(func() { harness.RbdCLI(t, "migration", "abort", harness.Pool+"/"+dst) })
+		refused(t, "handle allocated", "", s2.Handle())
+		refused(t, "handle delta", s1.Handle(), s2.Handle())
 	})
-}
-
-// rbdTry runs the rbd command line tool and returns its combined output
-// and error, for commands that may fail.
-func rbdTry(t testing.TB, args ...string) ([]byte, error) {
-	t.Helper()
-	clusterEnv(t, "CEPH_CONF")
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	return exec.CommandContext(ctx, "rbd", args...).CombinedOutput()
 }
 
 // TestPreciseFallbackReported: the server binary names precise mode's
@@ -357,66 +347,68 @@ func rbdTry(t testing.TB, args ...string) ([]byte, error) {
 // /metrics: an image it must not refine (non-default striping) falls back
 // as a whole, and an ordinary one is refined object by object.
 func TestPreciseFallbackReported(t *testing.T) {
-	conn := connectAdmin(t)
-	ioctx := openIOContext(t, conn, pool, "")
-	addr := freeTCPAddr(t)
-	srv := startServer(t, "-v=2", "--metrics-address="+addr)
+	conn := harness.ConnectAdmin(t)
+	ioctx := harness.OpenIOContext(t, conn, harness.Pool, "")
+	addr := harness.FreeTCPAddr(t)
+	srv := harness.StartServer(t, "-v=2", "--metrics-address="+addr)
 
-	striped := uniqueName(t, "precise-striped")
-	opts := imageOptions(t, false)
+	striped := harness.UniqueName(t, "precise-striped")
+	opts := harness.ImageOptions(t, false)
 	for _, o := range []struct {
 		opt rbd.ImageOption
 		v   uint64
-	}{{rbd.ImageOptionFeatures, imageFeatures | rbd.FeatureStripingV2}, {rbd.ImageOptionStripeUnit, 64 * preciseKiB}, {rbd.ImageOptionStripeCount, 4}} {
+	}{{rbd.ImageOptionFeatures, harness.ImageFeatures | rbd.FeatureStripingV2}, {rbd.ImageOptionStripeUnit, 64 * preciseKiB}, {rbd.ImageOptionStripeCount, 4}} {
 		if err := opts.SetUint64(o.opt, o.v); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := rbd.CreateImage(ioctx, striped, 32*mib, opts); err != nil {
+	if err := rbd.CreateImage(ioctx, striped, 32*harness.MiB, opts); err != nil {
 		t.Fatalf("create striped image: %v", err)
 	}
-	removeImageOnCleanup(t, ioctx, striped)
+	harness.RemoveImageOnCleanup(t, ioctx, striped)
 	img, err := rbd.OpenImage(ioctx, striped, rbd.NoSnapshot)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer img.Close()
-	writeAt(t, img, 5*mib, 64*preciseKiB)
-	snapshot(t, img, "s1")
-	writeAt(t, img, 20*mib, 4*preciseKiB)
-	snapshot(t, img, "s2")
+	harness.WriteAt(t, img, 5*harness.MiB, 64*preciseKiB)
+	harness.Snapshot(t, img, "s1")
+	harness.WriteAt(t, img, 20*harness.MiB, 4*preciseKiB)
+	harness.Snapshot(t, img, "s2")
 
-	plain := uniqueName(t, "precise-plain")
-	pimg := createImage(t, ioctx, plain, 32*mib)
-	writeAt(t, pimg, 5*mib, 64*preciseKiB)
-	snapshot(t, pimg, "s1")
-	writeAt(t, pimg, 20*mib, 4*preciseKiB)
-	snapshot(t, pimg, "s2")
+	plain := harness.UniqueName(t, "precise-plain")
+	pimg := harness.CreateImage(t, ioctx, plain, 32*harness.MiB)
+	harness.WriteAt(t, pimg, 5*harness.MiB, 64*preciseKiB)
+	harness.Snapshot(t, pimg, "s1")
+	harness.WriteAt(t, pimg, 20*harness.MiB, 4*preciseKiB)
+	harness.Snapshot(t, pimg, "s2")
 
-	id := func(image, snap string) string { return clusterID + "/" + pool + "/" + image + "@" + snap }
-	for _, r := range []metaReq{
-		{base: id(striped, "s1"), target: id(striped, "s2"), secrets: csiSecrets(t)},
-		{base: id(plain, "s1"), target: id(plain, "s2"), secrets: csiSecrets(t)},
+	id := func(image, snap string) string {
+		return harness.ClusterID + "/" + harness.Pool + "/" + image + "@" + snap
+	}
+	for _, r := range []harness.MetaReq{
+		{Base: id(striped, "s1"), Target: id(striped, "s2"), Secrets: harness.CSISecrets(t)},
+		{Base: id(plain, "s1"), Target: id(plain, "s2"), Secrets: harness.CSISecrets(t)},
 	} {
-		if m := srv.get(t, r); m.err != nil {
-			t.Fatalf("%v: %v", r, m.err)
+		if m := srv.Get(t, r); m.Err != nil {
+			t.Fatalf("%v: %v", r, m.Err)
 		}
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	for strings.Count(srv.log(), `"Stream finished"`) < 2 && time.Now().Before(deadline) {
+	for strings.Count(srv.Log(), `"Stream finished"`) < 2 && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
 	}
-	log := srv.log()
+	log := srv.Log()
 	for _, want := range []string{`imageFallback="striping"`, `candidates="existence"`, `refinedObjects=`} {
 		if !strings.Contains(log, want) {
-			t.Errorf("the -v=2 log lacks %s:\n%s", want, tail(log, 20))
+			t.Errorf("the -v=2 log lacks %s:\n%s", want, harness.Tail(log, 20))
 		}
 	}
-	body := scrape(t, addr)
-	if v, ok := metricValue(body, `rbd_snapshot_metadata_precise_fallbacks_total{method="GetMetadataDelta",reason="striping",scope="image"}`); !ok || v != 1 {
+	body := harness.Scrape(t, addr)
+	if v, ok := harness.MetricValue(body, `rbd_snapshot_metadata_precise_fallbacks_total{method="GetMetadataDelta",reason="striping",scope="image"}`); !ok || v != 1 {
 		t.Errorf("/metrics: image fallbacks for striping %v (present %v), want 1", v, ok)
 	}
-	if v, ok := metricValue(body, `rbd_snapshot_metadata_precise_objects_total{method="GetMetadataDelta"}`); !ok || v < 2 {
+	if v, ok := harness.MetricValue(body, `rbd_snapshot_metadata_precise_objects_total{method="GetMetadataDelta"}`); !ok || v < 2 {
 		t.Errorf("/metrics: refined objects %v (present %v), want at least 2", v, ok)
 	}
 }
@@ -426,8 +418,8 @@ func TestPreciseFallbackReported(t *testing.T) {
 // silently lists every object; precise mode walks them itself instead,
 // and must miss nothing, on a plain image and a clone.
 func TestPreciseInvalidObjectMap(t *testing.T) {
-	conn := connectAdmin(t)
-	ioctx := openIOContext(t, conn, pool, "")
+	conn := harness.ConnectAdmin(t)
+	ioctx := harness.OpenIOContext(t, conn, harness.Pool, "")
 	srcs := preciseSources(t)
 	invalidate := func(w *preciseWorkload, p *preciseImage) {
 		t.Helper()
@@ -440,34 +432,34 @@ func TestPreciseInvalidObjectMap(t *testing.T) {
 	}
 	history := func(w *preciseWorkload, p *preciseImage) {
 		for _, o := range []uint64{0, 3, 5} {
-			w.write(p, o*mib+64*preciseKiB, 128*preciseKiB)
+			w.write(p, o*harness.MiB+64*preciseKiB, 128*preciseKiB)
 		}
 		w.snap(p) // s1
 		invalidate(w, p)
 		for _, o := range []uint64{3, 6, 9} {
-			w.write(p, o*mib+512*preciseKiB, 4*preciseKiB)
+			w.write(p, o*harness.MiB+512*preciseKiB, 4*preciseKiB)
 		}
-		if _, err := p.img.Discard(5*mib, mib); err != nil {
+		if _, err := p.img.Discard(5*harness.MiB, harness.MiB); err != nil {
 			t.Fatalf("discard: %v", err)
 		}
-		w.logf("discard %d+%d", 5*mib, mib)
+		w.logf("discard %d+%d", 5*harness.MiB, harness.MiB)
 		w.snap(p) // s2
-		w.write(p, 12*mib+7, 9000)
+		w.write(p, 12*harness.MiB+7, 9000)
 		w.snap(p) // s3
 	}
 	t.Run("plain", func(t *testing.T) {
 		w := newPreciseWorkload(t, ioctx, 18)
 		w.walks = true
-		p := w.hazardImage(nil, 16*mib, 20)
+		p := w.hazardImage(nil, 16*harness.MiB, 20)
 		history(w, p)
 		checkHazard(t, w, srcs)
 	})
 	t.Run("clone", func(t *testing.T) {
 		w := newPreciseWorkload(t, ioctx, 19)
 		w.walks = true
-		parent := w.hazardImage(nil, 16*mib, 20)
+		parent := w.hazardImage(nil, 16*harness.MiB, 20)
 		for o := uint64(0); o < 16; o += 2 {
-			w.write(parent, o*mib, mib)
+			w.write(parent, o*harness.MiB, harness.MiB)
 		}
 		w.snap(parent)
 		p := w.hazardImage(parent, 0, 20)

@@ -34,6 +34,7 @@ import (
 	"github.com/ceph/go-ceph/rados"
 	"github.com/ceph/go-ceph/rbd"
 
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/harness"
 	rsm "github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd"
 )
 
@@ -156,11 +157,11 @@ func (w *preciseWorkload) createFormat1(order uint64) *preciseImage {
 	w.kind("format 1")
 	w.format1 = true
 	w.walks = true // format 1 has no object map: precise mode walks
-	size := (w.initialSize(order) + mib - 1) &^ (mib - 1)
-	p := &preciseImage{name: uniqueName(t, "precise-format1"), objSize: 1 << order, size: size}
+	size := (w.initialSize(order) + harness.MiB - 1) &^ (harness.MiB - 1)
+	p := &preciseImage{name: harness.UniqueName(t, "precise-format1"), objSize: 1 << order, size: size}
 	t.Setenv("RBD_FORCE_ALLOW_V1", "1") // reef creates format 1 images only so
-	rbdCLI(t, "create", "--image-format", "1", "--object-size", fmt.Sprintf("%dK", p.objSize>>10), "--size", fmt.Sprintf("%dM", size/mib), pool+"/"+p.name)
-	removeImageOnCleanup(t, w.ioctx, p.name)
+	harness.RbdCLI(t, "create", "--image-format", "1", "--object-size", fmt.Sprintf("%dK", p.objSize>>10), "--size", fmt.Sprintf("%dM", size/harness.MiB), harness.Pool+"/"+p.name)
+	harness.RemoveImageOnCleanup(t, w.ioctx, p.name)
 	w.logf("create %s size %d order %d format 1", p.name, p.size, order)
 	w.open(p)
 	if old, err := p.img.IsOldFormat(); err != nil || !old {
@@ -193,17 +194,17 @@ func (w *preciseWorkload) migrate(srcs map[string]*rsm.Source, tot *preciseTotal
 	}
 	dst := &preciseImage{name: p.name + "-migrated", objSize: p.objSize, snaps: p.snaps}
 	w.logf("migration prepare %s to %s", p.name, dst.name)
-	rbdCLI(t, "migration", "prepare", pool+"/"+p.name, pool+"/"+dst.name)
+	harness.RbdCLI(t, "migration", "prepare", harness.Pool+"/"+p.name, harness.Pool+"/"+dst.name)
 	dstImg, err := rbd.OpenImageReadOnly(w.ioctx, dst.name, rbd.NoSnapshot)
 	if err != nil {
 		t.Fatalf("open %s: %v", dst.name, err)
 	}
-	dstID := csiImageID(t, dstImg)
+	dstID := harness.CSIImageID(t, dstImg)
 	if err := dstImg.Close(); err != nil {
 		t.Fatalf("close %s: %v", dst.name, err)
 	}
 	t.Cleanup(func() {
-		rbdCLI(t, "migration", "abort", pool+"/"+dst.name)
+		harness.RbdCLI(t, "migration", "abort", harness.Pool+"/"+dst.name)
 		if parent != nil {
 			detachAbortedTarget(t, w.ioctx, parent, dstID)
 		}
@@ -212,7 +213,7 @@ func (w *preciseWorkload) migrate(srcs map[string]*rsm.Source, tot *preciseTotal
 	last := p.snaps[len(p.snaps)-1]
 	for _, q := range [][2]string{{"", last}, {p.snaps[0], last}} {
 		for _, m := range preciseModes {
-			id := func(s string) string { return "rsm-e2e/" + pool + "/" + dst.name + "@" + s }
+			id := func(s string) string { return "rsm-e2e/" + harness.Pool + "/" + dst.name + "@" + s }
 			req := rsm.Request{Target: id(q[1]), Secrets: preciseSecrets(t)}
 			if q[0] != "" {
 				req.Base = id(q[0])

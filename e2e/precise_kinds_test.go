@@ -11,6 +11,7 @@ import (
 	"github.com/ceph/go-ceph/rados"
 	"github.com/ceph/go-ceph/rbd"
 
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/harness"
 	rsm "github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd"
 )
 
@@ -19,7 +20,7 @@ type preciseKind struct {
 	name string
 	ns   string // RADOS namespace (Ceph-CSI's radosNamespace)
 	luks bool   // encrypted: Ceph-CSI's LUKS2 header and metadata
-	// features of the volume; 0: Ceph-CSI's usual ones (imageFeatures
+	// features of the volume; 0: Ceph-CSI's usual ones (harness.ImageFeatures
 	// layering,exclusive-lock,object-map,fast-diff,deep-flatten).
 	features uint64
 	// chain: the volume is a clone of an intermediate image (with mid's
@@ -32,10 +33,10 @@ type preciseKind struct {
 
 var preciseKinds = []preciseKind{
 	{name: "plain"},
-	{name: "namespaced", ns: namespace},
+	{name: "namespaced", ns: harness.Namespace},
 	{name: "encrypted (LUKS2)", luks: true},
 	{name: "without fast-diff (imageFeatures: layering)", features: rbd.FeatureLayering},
-	{name: "restored from a snapshot", chain: true, mid: csiSnapFeatures},
+	{name: "restored from a snapshot", chain: true, mid: harness.CSISnapFeatures},
 	{name: "PVC clone", chain: true},
 }
 
@@ -53,7 +54,7 @@ var preciseKinds = []preciseKind{
 // alone report whole objects (120× the data before precise mode compared
 // chunk hashes; see rbd/precise_copyup.go).
 func TestPreciseVolumeKinds(t *testing.T) {
-	testPreciseVolumeKinds(t, connectAdmin(t), preciseSources(t), preciseKinds, func(*preciseWorkload) {})
+	testPreciseVolumeKinds(t, harness.ConnectAdmin(t), preciseSources(t), preciseKinds, func(*preciseWorkload) {})
 }
 
 // testPreciseVolumeKinds runs TestPreciseVolumeKinds's history on each of
@@ -63,11 +64,11 @@ func testPreciseVolumeKinds(t *testing.T, conn *rados.Conn, srcs map[string]*rsm
 	var rows []string
 	for _, k := range kinds {
 		t.Run(k.name, func(t *testing.T) {
-			w := newPreciseWorkload(t, openIOContext(t, conn, pool, k.ns), seed)
+			w := newPreciseWorkload(t, harness.OpenIOContext(t, conn, harness.Pool, k.ns), seed)
 			// Without an object map precise mode walks the objects.
 			w.walks = k.features != 0 && k.features&rbd.FeatureObjectMap == 0
 			if k.ns != "" {
-				w.clusterID = clusterIDNS // csi-config.json's ID for namespace ns1
+				w.clusterID = harness.ClusterIDNS // csi-config.json's ID for namespace ns1
 			}
 			setup(w)
 			tot := testPreciseKind(t, w, k)
@@ -108,10 +109,10 @@ func (tot *preciseTotals) per(x preciseTally, kind int) time.Duration {
 // of kind k, the workload's last image, and returns empty totals.
 func testPreciseKind(t *testing.T, w *preciseWorkload, k preciseKind) *preciseTotals {
 	r := w.rng
-	const size = 256 * mib
+	const size = 256 * harness.MiB
 	var header uint64
 	if k.luks {
-		header = csiLuksHeader
+		header = harness.CSILuksHeader
 	}
 	scattered := func(p *preciseImage, n int) {
 		for j := 0; j < n; j++ {
@@ -122,10 +123,10 @@ func testPreciseKind(t *testing.T, w *preciseWorkload, k preciseKind) *preciseTo
 	if k.chain {
 		src := w.hazardImage(nil, size, 22)
 		scattered(src, 24)
-		w.write(src, 100*mib, 2*mib)
+		w.write(src, 100*harness.MiB, 2*harness.MiB)
 		w.snap(src)
-		mid := &preciseImage{name: uniqueName(t, "csi-mid"), objSize: src.objSize, size: size}
-		opts := imageOptions(t, true)
+		mid := &preciseImage{name: harness.UniqueName(t, "csi-mid"), objSize: src.objSize, size: size}
+		opts := harness.ImageOptions(t, true)
 		w.setDataPool(opts)
 		if k.mid != 0 {
 			if err := opts.SetUint64(rbd.ImageOptionFeatures, k.mid); err != nil {
@@ -135,7 +136,7 @@ func testPreciseKind(t *testing.T, w *preciseWorkload, k preciseKind) *preciseTo
 		if err := rbd.CloneImage(w.ioctx, src.name, src.snaps[0], w.ioctx, mid.name, opts); err != nil {
 			t.Fatalf("clone %s@%s: %v", src.name, src.snaps[0], err)
 		}
-		removeImageOnCleanup(t, w.ioctx, mid.name)
+		harness.RemoveImageOnCleanup(t, w.ioctx, mid.name)
 		w.logf("clone %s@%s to %s (features %#x)", src.name, src.snaps[0], mid.name, k.mid)
 		w.open(mid)
 		w.images = append(w.images, mid)
@@ -145,14 +146,14 @@ func testPreciseKind(t *testing.T, w *preciseWorkload, k preciseKind) *preciseTo
 		vol = w.hazardImageWith(size+header, 22, k.features)
 		if k.luks {
 			w.header = header
-			csiSetMetadata(t, vol.img, map[string]string{"rbd.csi.ceph.com/encrypted": "encrypted", "rbd.csi.ceph.com/dek": csiDEK(t)})
-			hdr := csiLuksFormat(t, header)
+			harness.CSISetMetadata(t, vol.img, map[string]string{"rbd.csi.ceph.com/encrypted": "encrypted", "rbd.csi.ceph.com/dek": harness.CSIDEK(t)})
+			hdr := harness.CSILuksFormat(t, header)
 			if n, err := vol.img.WriteAt(hdr, 0); err != nil || n != len(hdr) {
 				t.Fatalf("write LUKS header: %d, %v", n, err)
 			}
 		}
 		scattered(vol, 24)
-		w.write(vol, header+100*mib, 2*mib)
+		w.write(vol, header+100*harness.MiB, 2*harness.MiB)
 		w.snap(vol)
 	}
 	for i, n := range []int{256, 64, 64} {
@@ -163,7 +164,7 @@ func testPreciseKind(t *testing.T, w *preciseWorkload, k preciseKind) *preciseTo
 			if _, err := vol.img.Discard(off, 256<<10); err != nil {
 				t.Fatalf("discard: %v", err)
 			}
-			off = header + 100*mib + r.Uint64N(2*mib/preciseBlock)*preciseBlock // inside the 2 MiB run
+			off = header + 100*harness.MiB + r.Uint64N(2*harness.MiB/preciseBlock)*preciseBlock // inside the 2 MiB run
 			w.logf("write zeros %d+%d", off, preciseBlock)
 			if _, err := vol.img.WriteAt(make([]byte, preciseBlock), int64(off)); err != nil {
 				t.Fatalf("write zeros: %v", err)
@@ -182,8 +183,8 @@ func (w *preciseWorkload) hazardImageWith(size, order, features uint64) *precise
 	if features == 0 {
 		return w.hazardImage(nil, size, order)
 	}
-	p := &preciseImage{name: uniqueName(t, "kind"), objSize: 1 << order, size: size}
-	opts := imageOptions(t, false)
+	p := &preciseImage{name: harness.UniqueName(t, "kind"), objSize: 1 << order, size: size}
+	opts := harness.ImageOptions(t, false)
 	if err := opts.SetUint64(rbd.ImageOptionOrder, order); err != nil {
 		t.Fatal(err)
 	}
@@ -194,7 +195,7 @@ func (w *preciseWorkload) hazardImageWith(size, order, features uint64) *precise
 	if err := rbd.CreateImage(w.ioctx, p.name, size, opts); err != nil {
 		t.Fatalf("create %s: %v", p.name, err)
 	}
-	removeImageOnCleanup(t, w.ioctx, p.name)
+	harness.RemoveImageOnCleanup(t, w.ioctx, p.name)
 	w.logf("create %s size %d order %d features %#x", p.name, size, order, features)
 	w.open(p)
 	w.images = append(w.images, p)

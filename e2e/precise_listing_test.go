@@ -9,6 +9,8 @@ import (
 
 	"github.com/ceph/go-ceph/rados"
 	"github.com/ceph/go-ceph/rbd"
+
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/harness"
 )
 
 // TestPreciseListing: precise mode's walk by listing (rsm.WalkList) relies
@@ -22,23 +24,23 @@ import (
 //
 //	e2e/with-cluster.sh go test -tags pacific,e2e -exec "$PWD/e2e/exec.sh" ./e2e/ -run TestPreciseListing -v
 func TestPreciseListing(t *testing.T) {
-	conn := connectAdmin(t)
+	conn := harness.ConnectAdmin(t)
 	srcs := preciseSources(t)
 	history := func(w *preciseWorkload, p *preciseImage, clone bool) {
 		t := w.t
 		for o := uint64(1); o < 8; o++ {
-			w.write(p, o*objSize+o*64*preciseKiB, 256*preciseKiB)
+			w.write(p, o*harness.ObjSize+o*64*preciseKiB, 256*preciseKiB)
 		}
-		w.write(p, 2*objSize, objSize)
+		w.write(p, 2*harness.ObjSize, harness.ObjSize)
 		w.snap(p) // s1
 		w.logf("discard object 2 whole; shrink to 5.25 objects")
-		discard(t, p.img, 2*objSize, objSize)
-		resizeImage(t, p.img, 5*objSize+objSize/4)
-		p.size = 5*objSize + objSize/4
+		harness.Discard(t, p.img, 2*harness.ObjSize, harness.ObjSize)
+		harness.ResizeImage(t, p.img, 5*harness.ObjSize+harness.ObjSize/4)
+		p.size = 5*harness.ObjSize + harness.ObjSize/4
 		w.snap(p) // s2
-		resizeImage(t, p.img, 8*objSize)
-		p.size = 8 * objSize
-		w.write(p, 6*objSize+4096, 4096)
+		harness.ResizeImage(t, p.img, 8*harness.ObjSize)
+		p.size = 8 * harness.ObjSize
+		w.write(p, 6*harness.ObjSize+4096, 4096)
 		w.snap(p) // s3
 		// Object 7 (cut off by the shrink) has no head now, only its
 		// clone at s1; nor has object 2 (discarded whole after s1),
@@ -71,19 +73,19 @@ func TestPreciseListing(t *testing.T) {
 		clone    bool
 	}{{"plain", "", false}, {"namespace", "ns1", false}, {"clone", "", true}} {
 		t.Run(c.name, func(t *testing.T) {
-			w := newPreciseWorkload(t, openIOContext(t, conn, pool, c.ns), 41)
+			w := newPreciseWorkload(t, harness.OpenIOContext(t, conn, harness.Pool, c.ns), 41)
 			w.features = rbd.FeatureLayering
 			w.ns = c.ns
 			w.walks = true
 			var parent *preciseImage
 			if c.clone {
-				parent = w.hazardImage(nil, 8*objSize, 22)
+				parent = w.hazardImage(nil, 8*harness.ObjSize, 22)
 				for o := uint64(0); o < 8; o += 2 {
-					w.write(parent, o*objSize+mib, mib)
+					w.write(parent, o*harness.ObjSize+harness.MiB, harness.MiB)
 				}
 				w.snap(parent)
 			}
-			p := w.hazardImage(parent, 8*objSize, 22)
+			p := w.hazardImage(parent, 8*harness.ObjSize, 22)
 			if err := p.img.UpdateFeatures(rbd.FeatureFastDiff|rbd.FeatureObjectMap|rbd.FeatureExclusiveLock, false); err != nil {
 				t.Fatalf("disable the object map of %s: %v", p.name, err)
 			}

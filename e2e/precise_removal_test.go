@@ -13,6 +13,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/harness"
 	rsm "github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd"
 )
 
@@ -118,7 +119,7 @@ func (w *preciseWorkload) removeDuring(srcs map[string]*rsm.Source, tot *precise
 // prefix, in namespace ns of the test pool.
 func imageObjects(t *testing.T, ns, prefix string, n int) []string {
 	t.Helper()
-	args := []string{"-p", pool}
+	args := []string{"-p", harness.Pool}
 	if ns != "" {
 		args = append(args, "-N", ns)
 	}

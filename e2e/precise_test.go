@@ -38,6 +38,7 @@ import (
 	"github.com/ceph/go-ceph/rados"
 	"github.com/ceph/go-ceph/rbd"
 
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/harness"
 	rsm "github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd"
 )
 
@@ -113,7 +114,7 @@ type preciseOffsetTally struct {
 // preciseSources opens one rbd.Source per mode on the test cluster.
 func preciseSources(t *testing.T) map[string]*rsm.Source {
 	t.Helper()
-	return preciseSourcesIn(t, clusterEnv(t, "RSM_CLUSTER_DIR"))
+	return preciseSourcesIn(t, harness.ClusterEnv(t, "RSM_CLUSTER_DIR"))
 }
 
 // preciseSourcesIn opens one rbd.Source per mode on the cluster whose
@@ -133,7 +134,7 @@ func preciseSourcesIn(t *testing.T, dir string) map[string]*rsm.Source {
 }
 
 func preciseSecrets(t *testing.T) map[string]string {
-	return map[string]string{rsm.SecretUserID: clusterEnv(t, "CEPH_USER"), rsm.SecretUserKey: clusterEnv(t, "CEPH_KEY")}
+	return map[string]string{rsm.SecretUserID: harness.ClusterEnv(t, "CEPH_USER"), rsm.SecretUserKey: harness.ClusterEnv(t, "CEPH_KEY")}
 }
 
 // preciseSeeds returns the seeds to run: RSM_E2E_SEED alone, else
@@ -169,7 +170,7 @@ func preciseSeedsOr(t *testing.T, n int) []uint64 {
 // Each history is of one or more kinds (see preciseWorkload.run), and the
 // table reports the precision of each kind, and of Iterate from an offset
 // inside an object.
-func TestPreciseOracle(t *testing.T) { testPreciseOracle(t, imageFeatures) }
+func TestPreciseOracle(t *testing.T) { testPreciseOracle(t, harness.ImageFeatures) }
 
 // TestPreciseOracleLayering is TestPreciseOracle on images with layering
 // only, as Ceph-CSI's and Rook's example StorageClasses make them: no object
@@ -178,8 +179,8 @@ func TestPreciseOracleLayering(t *testing.T) { testPreciseOracle(t, rbd.FeatureL
 
 func testPreciseOracle(t *testing.T, features uint64) {
 	fastSnapTrim(t) // for the concurrent removals
-	conn := connectAdmin(t)
-	ioctx := openIOContext(t, conn, pool, "")
+	conn := harness.ConnectAdmin(t)
+	ioctx := harness.OpenIOContext(t, conn, harness.Pool, "")
 	zero := preciseZeroer(t)
 	srcs := preciseSources(t)
 	tot := newPreciseTotals()
@@ -219,9 +220,9 @@ func testPreciseOracle(t *testing.T, features uint64) {
 // them, and removes (or, with parent data, truncates) the whole ones.
 func preciseZeroer(t *testing.T) *rados.IOContext {
 	t.Helper()
-	conn := connectTo(t, clusterEnv(t, "CEPH_MON_HOST"), clusterEnv(t, "CEPH_USER"), clusterEnv(t, "CEPH_KEY"),
+	conn := harness.ConnectTo(t, harness.ClusterEnv(t, "CEPH_MON_HOST"), harness.ClusterEnv(t, "CEPH_USER"), harness.ClusterEnv(t, "CEPH_KEY"),
 		[2]string{"rbd_skip_partial_discard", "false"})
-	return openIOContext(t, conn, pool, "")
+	return harness.OpenIOContext(t, conn, harness.Pool, "")
 }
 
 func newPreciseTotals() *preciseTotals {
@@ -309,7 +310,7 @@ func (tot *preciseTotals) ratios() string {
 	return strings.Join(b, ", ")
 }
 
-func preciseMiB(n int64) string { return fmt.Sprintf("%.2f MiB", float64(n)/float64(mib)) }
+func preciseMiB(n int64) string { return fmt.Sprintf("%.2f MiB", float64(n)/float64(harness.MiB)) }
 
 // preciseImage is one image of a workload and its snapshots, oldest first.
 type preciseImage struct {
@@ -329,7 +330,7 @@ type preciseWorkload struct {
 	ioctx *rados.IOContext
 	// dataPool, when set, is the data pool of every image made (Ceph-CSI's
 	// dataPool); secrets, when set, the secrets of queries (default: the
-	// test cluster's admin, preciseSecrets); clusterID, when set, the
+	// test cluster's admin, preciseSecrets); harness.ClusterID, when set, the
 	// cluster ID of queries (default rsm-e2e; rsm-e2e-ns1 for an ioctx in
 	// namespace ns1).
 	dataPool  string
@@ -339,10 +340,10 @@ type preciseWorkload struct {
 	log       []string
 	images    []*preciseImage // parents first; the last is the one checked
 	header    uint64          // the last image's LUKS header: not user data
-	// features of the images it creates; imageFeatures when zero.
+	// features of the images it creates; harness.ImageFeatures when zero.
 	features uint64
 	// ns is ioctx's namespace, for the snapshot IDs (empty: none, or the
-	// one clusterID names).
+	// one harness.ClusterID names).
 	ns string
 	// walks: the checked image has no usable object map, so precise mode
 	// must walk its objects itself (PreciseStats.Candidates "walk").
@@ -373,13 +374,13 @@ func (w *preciseWorkload) kind(k string) { w.kinds[k] = true }
 
 func (w *preciseWorkload) kindList() []string { return slices.Sorted(maps.Keys(w.kinds)) }
 
-// imageOptions are the options of an image the workload makes (a clone
+// harness.ImageOptions are the options of an image the workload makes (a clone
 // when clone is set): Ceph-CSI's, with w's features and data pool, and
 // objects of 1<<order bytes.
 func (w *preciseWorkload) imageOptions(clone bool, order uint64) *rbd.ImageOptions {
 	t := w.t
 	t.Helper()
-	opts := imageOptions(t, clone)
+	opts := harness.ImageOptions(t, clone)
 	if err := opts.SetUint64(rbd.ImageOptionOrder, order); err != nil {
 		t.Fatal(err)
 	}
@@ -407,7 +408,7 @@ func (w *preciseWorkload) setDataPool(opts *rbd.ImageOptions) {
 // picks the size from the order.
 func (w *preciseWorkload) create(parent *preciseImage, order uint64) *preciseImage {
 	t := w.t
-	p := &preciseImage{name: uniqueName(t, "precise"), objSize: 1 << order}
+	p := &preciseImage{name: harness.UniqueName(t, "precise"), objSize: 1 << order}
 	opts := w.imageOptions(parent != nil, order)
 	if parent == nil {
 		p.size = w.initialSize(order)
@@ -424,7 +425,7 @@ func (w *preciseWorkload) create(parent *preciseImage, order uint64) *preciseIma
 		p.parentSize = parent.size
 		w.logf("clone %s@%s to %s order %d", parent.name, snap, p.name, order)
 	}
-	removeImageOnCleanup(t, w.ioctx, p.name)
+	harness.RemoveImageOnCleanup(t, w.ioctx, p.name)
 	w.open(p)
 	w.images = append(w.images, p)
 	return p
@@ -438,9 +439,9 @@ func (w *preciseWorkload) initialSize(order uint64) uint64 {
 	case order <= 16:
 		return uint64(32+w.rng.IntN(49)) << order
 	case order >= 25:
-		return uint64(33+w.rng.IntN(16)) * mib
+		return uint64(33+w.rng.IntN(16)) * harness.MiB
 	}
-	return uint64(6+w.rng.IntN(6)) * 4 * mib
+	return uint64(6+w.rng.IntN(6)) * 4 * harness.MiB
 }
 
 // fill fills data with random non-zero bytes, one draw per byte, so that
@@ -535,7 +536,7 @@ func (w *preciseWorkload) resized(p *preciseImage) uint64 {
 func (w *preciseWorkload) resize(p *preciseImage, size uint64) {
 	limit := w.maxSize
 	if limit == 0 {
-		limit = 64 * mib
+		limit = 64 * harness.MiB
 	}
 	size = min(max(size, p.objSize), limit) &^ 511
 	w.logf("resize %d -> %d", p.size, size)
@@ -548,7 +549,7 @@ func (w *preciseWorkload) resize(p *preciseImage, size uint64) {
 func (w *preciseWorkload) snap(p *preciseImage) {
 	name := fmt.Sprintf("s%d", len(p.snaps)+1)
 	w.logf("snapshot %s@%s (size %d)", p.name, name, p.size)
-	snapshot(w.t, p.img, name)
+	harness.Snapshot(w.t, p.img, name)
 	p.snaps = append(p.snaps, name)
 	p.snapSizes = append(p.snapSizes, p.size)
 }
@@ -567,9 +568,9 @@ func (w *preciseWorkload) run() {
 	w.kind(fmt.Sprintf("order %d", order))
 	switch order {
 	case 16:
-		w.maxSize = 8 * mib
+		w.maxSize = 8 * harness.MiB
 	case 25:
-		w.maxSize = 72 * mib
+		w.maxSize = 72 * harness.MiB
 	}
 	var p *preciseImage
 	// Format 1 images and migrations go through the rbd CLI, on the main
@@ -632,8 +633,8 @@ func (w *preciseWorkload) readSnap(p *preciseImage, snap string) []byte {
 		t.Fatal(err)
 	}
 	buf := make([]byte, size)
-	for off := 0; off < len(buf); off += int(4 * mib) {
-		end := min(len(buf), off+int(4*mib))
+	for off := 0; off < len(buf); off += int(4 * harness.MiB) {
+		end := min(len(buf), off+int(4*harness.MiB))
 		if n, err := img.ReadAt(buf[off:end], int64(off)); err != nil || n != end-off {
 			t.Fatalf("read %s@%s %d: n=%d %v", p.name, snap, off, n, err)
 		}
@@ -693,9 +694,9 @@ func (w *preciseWorkload) request(p *preciseImage, base, target string) rsm.Requ
 	if cid == "" {
 		cid = "rsm-e2e"
 	}
-	img := pool + "/" + p.name
+	img := harness.Pool + "/" + p.name
 	if w.ns != "" {
-		img = pool + "/" + w.ns + "/" + p.name
+		img = harness.Pool + "/" + w.ns + "/" + p.name
 	}
 	id := func(s string) string { return cid + "/" + img + "@" + s }
 	secrets := w.secrets
@@ -984,19 +985,19 @@ func preciseMissed(before, after []byte, got []preciseExtent, from int) (missed,
 // exactly as librbd's exact diff; a cancelled or failing callback stops
 // the refinement with its error.
 func TestPreciseFallsBackAndStops(t *testing.T) {
-	conn := connectAdmin(t)
-	ioctx := openIOContext(t, conn, pool, "")
+	conn := harness.ConnectAdmin(t)
+	ioctx := harness.OpenIOContext(t, conn, harness.Pool, "")
 	srcs := preciseSources(t)
 	w := newPreciseWorkload(t, ioctx, 1)
 
 	t.Run("striping", func(t *testing.T) {
 		w.t = t
-		p := &preciseImage{name: uniqueName(t, "precise-striped"), objSize: 4 * mib, size: 32 * mib}
-		opts := imageOptions(t, false)
+		p := &preciseImage{name: harness.UniqueName(t, "precise-striped"), objSize: 4 * harness.MiB, size: 32 * harness.MiB}
+		opts := harness.ImageOptions(t, false)
 		for _, o := range []struct {
 			opt rbd.ImageOption
 			v   uint64
-		}{{rbd.ImageOptionFeatures, imageFeatures | rbd.FeatureStripingV2}, {rbd.ImageOptionStripeUnit, 64 * preciseKiB}, {rbd.ImageOptionStripeCount, 4}} {
+		}{{rbd.ImageOptionFeatures, harness.ImageFeatures | rbd.FeatureStripingV2}, {rbd.ImageOptionStripeUnit, 64 * preciseKiB}, {rbd.ImageOptionStripeCount, 4}} {
 			if err := opts.SetUint64(o.opt, o.v); err != nil {
 				t.Fatal(err)
 			}
@@ -1004,16 +1005,16 @@ func TestPreciseFallsBackAndStops(t *testing.T) {
 		if err := rbd.CreateImage(ioctx, p.name, p.size, opts); err != nil {
 			t.Fatalf("create striped image: %v", err)
 		}
-		removeImageOnCleanup(t, ioctx, p.name)
+		harness.RemoveImageOnCleanup(t, ioctx, p.name)
 		img, err := rbd.OpenImage(ioctx, p.name, rbd.NoSnapshot)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer img.Close()
 		p.img = img
-		writeAt(t, img, 5*mib+100, 70*preciseKiB)
+		harness.WriteAt(t, img, 5*harness.MiB+100, 70*preciseKiB)
 		w.snap(p)
-		writeAt(t, img, 20*mib, 4*preciseKiB)
+		harness.WriteAt(t, img, 20*harness.MiB, 4*preciseKiB)
 		w.snap(p)
 		for _, base := range []string{"", "s1"} {
 			want, _, _ := w.query(srcs["exact"], p, base, "s2", "exact")
@@ -1031,10 +1032,10 @@ func TestPreciseFallsBackAndStops(t *testing.T) {
 		w.t = t
 		p := w.create(nil, 22)
 		for i := uint64(0); i < p.size; i += p.objSize {
-			writeAt(t, p.img, i+p.objSize/2, 4*preciseKiB)
+			harness.WriteAt(t, p.img, i+p.objSize/2, 4*preciseKiB)
 		}
 		w.snap(p)
-		id := "rsm-e2e/" + pool + "/" + p.name + "@s1"
+		id := "rsm-e2e/" + harness.Pool + "/" + p.name + "@s1"
 		d, err := srcs["precise"].Open(context.Background(), rsm.Request{Target: id, Secrets: preciseSecrets(t)})
 		if err != nil {
 			t.Fatal(err)
@@ -1074,8 +1075,8 @@ func TestPreciseFallsBackAndStops(t *testing.T) {
 // image and on a dense one: the time of one Open plus Iterate (median of
 // five) and the bytes reported, against the bytes written.
 func TestPreciseCost(t *testing.T) {
-	conn := connectAdmin(t)
-	ioctx := openIOContext(t, conn, pool, "")
+	conn := harness.ConnectAdmin(t)
+	ioctx := harness.OpenIOContext(t, conn, harness.Pool, "")
 	preciseCost(t, newPreciseWorkload(t, ioctx, 7), preciseSources(t))
 }
 
@@ -1114,7 +1115,7 @@ func preciseCost(t *testing.T, w *preciseWorkload, srcs map[string]*rsm.Source) 
 	}
 
 	// 4 GiB, 1024 objects: 4 KiB in 64 objects, then in 64 others.
-	p := newCostImage(t, ioctx, "precise-cost", 4096*mib, w.dataPool)
+	p := newCostImage(t, ioctx, "precise-cost", 4096*harness.MiB, w.dataPool)
 	for i := uint64(0); i < 128; i++ {
 		if i == 64 {
 			w.snap(p)
@@ -1126,7 +1127,7 @@ func preciseCost(t *testing.T, w *preciseWorkload, srcs map[string]*rsm.Source) 
 	measure("4 GiB, 128 objects changed", p, "s1", 64*4096)
 
 	// 256 MiB written in full, then 4 KiB in each of its 64 objects.
-	p = newCostImage(t, ioctx, "precise-dense", 256*mib, w.dataPool)
+	p = newCostImage(t, ioctx, "precise-dense", 256*harness.MiB, w.dataPool)
 	for off := uint64(0); off < p.size; off += p.objSize {
 		write(p, off, p.objSize)
 	}
@@ -1140,7 +1141,7 @@ func preciseCost(t *testing.T, w *preciseWorkload, srcs map[string]*rsm.Source) 
 
 	// The worst case for candidates by existence: everything allocated,
 	// one object changed.
-	p = newCostImage(t, ioctx, "precise-dense-one", 512*mib, w.dataPool)
+	p = newCostImage(t, ioctx, "precise-dense-one", 512*harness.MiB, w.dataPool)
 	for off := uint64(0); off < p.size; off += p.objSize {
 		write(p, off, p.objSize)
 	}
@@ -1156,8 +1157,8 @@ func preciseCost(t *testing.T, w *preciseWorkload, srcs map[string]*rsm.Source) 
 // ends.
 func newCostImage(t *testing.T, ioctx *rados.IOContext, prefix string, size uint64, dataPool string) *preciseImage {
 	t.Helper()
-	p := &preciseImage{name: uniqueName(t, prefix), objSize: 4 * mib, size: size}
-	opts := imageOptions(t, false)
+	p := &preciseImage{name: harness.UniqueName(t, prefix), objSize: 4 * harness.MiB, size: size}
+	opts := harness.ImageOptions(t, false)
 	if dataPool != "" {
 		if err := opts.SetString(rbd.ImageOptionDataPool, dataPool); err != nil {
 			t.Fatal(err)
@@ -1166,7 +1167,7 @@ func newCostImage(t *testing.T, ioctx *rados.IOContext, prefix string, size uint
 	if err := rbd.CreateImage(ioctx, p.name, p.size, opts); err != nil {
 		t.Fatal(err)
 	}
-	removeImageOnCleanup(t, ioctx, p.name)
+	harness.RemoveImageOnCleanup(t, ioctx, p.name)
 	img, err := rbd.OpenImage(ioctx, p.name, rbd.NoSnapshot)
 	if err != nil {
 		t.Fatal(err)
