@@ -330,7 +330,7 @@ type preciseWorkload struct {
 	ioctx *rados.IOContext
 	// dataPool, when set, is the data pool of every image made (Ceph-CSI's
 	// dataPool); secrets, when set, the secrets of queries (default: the
-	// test cluster's admin, preciseSecrets); harness.ClusterID, when set, the
+	// test cluster's admin, preciseSecrets); clusterID, when set, the
 	// cluster ID of queries (default rsm-e2e; rsm-e2e-ns1 for an ioctx in
 	// namespace ns1).
 	dataPool  string
@@ -343,7 +343,7 @@ type preciseWorkload struct {
 	// features of the images it creates; harness.ImageFeatures when zero.
 	features uint64
 	// ns is ioctx's namespace, for the snapshot IDs (empty: none, or the
-	// one harness.ClusterID names).
+	// one clusterID names).
 	ns string
 	// walks: the checked image has no usable object map, so precise mode
 	// must walk its objects itself (PreciseStats.Candidates "walk").
@@ -374,7 +374,7 @@ func (w *preciseWorkload) kind(k string) { w.kinds[k] = true }
 
 func (w *preciseWorkload) kindList() []string { return slices.Sorted(maps.Keys(w.kinds)) }
 
-// harness.ImageOptions are the options of an image the workload makes (a clone
+// imageOptions are the options of an image the workload makes (a clone
 // when clone is set): Ceph-CSI's, with w's features and data pool, and
 // objects of 1<<order bytes.
 func (w *preciseWorkload) imageOptions(clone bool, order uint64) *rbd.ImageOptions {

@@ -238,13 +238,13 @@ func (p *InProc) WaitRefs(t testing.TB) {
 	}
 }
 
-// Open starts r on the in-process server, like harness.Server.open.
+// Open starts r on the in-process server, like Server.Open.
 func (p *InProc) Open(ctx context.Context, r MetaReq) (func() (MetaResponse, error), error) {
 	s := &Server{SM: p.sm}
 	return s.Open(ctx, r)
 }
 
-// Call runs r to its end, like harness.Server.call.
+// Call runs r to its end, like Server.Call.
 func (p *InProc) Call(ctx context.Context, r MetaReq) MetaStream {
 	s := &Server{SM: p.sm}
 	return s.Call(ctx, r)

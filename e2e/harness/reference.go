@@ -162,7 +162,7 @@ func EachRun(x, y []byte, off int64, fn func(off, n int64)) {
 	}
 }
 
-// OracleMisses returns the changed bytes (harness.ChangedBytes) that tuples do not
+// OracleMisses returns the changed bytes (ChangedBytes) that tuples do not
 // cover, rounded out to whole oracle blocks for the message.
 func OracleMisses(changed, tuples []Span) []Span {
 	return RoundOut(Uncovered(changed, MergeSpans(tuples)), OracleBlock)

@@ -182,7 +182,7 @@ func (s *Server) Wait(timeout time.Duration) (err error, ok bool) {
 	}
 }
 
-// stop is harness.StartServer's cleanup.
+// stop is StartServer's cleanup.
 func (s *Server) stop() {
 	t := s.tb
 	t.Helper()
@@ -238,7 +238,7 @@ func CSISecrets(t testing.TB) map[string]string {
 
 // ---------------------------------------------------------- calling it --
 
-// MetaReq is a request of either RPC: GetMetadataAllocated when base is
+// MetaReq is a request of either RPC: GetMetadataAllocated when Base is
 // empty, else GetMetadataDelta.
 type MetaReq struct {
 	Base, Target string
