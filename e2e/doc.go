@@ -50,8 +50,9 @@
 //   - precise_ec_test.go: TestPreciseOracleECDataPool
 //   - precise_kinds_test.go: TestPreciseVolumeKinds
 //   - precise_listing_test.go: TestPreciseListing
-//   - precise_histories_test.go: (helpers: the kinds of history
-//     TestPreciseOracle mixes into its random ones)
+//   - precise_scenarios_test.go: (helpers: TestPreciseOracle's
+//     scenarios by name: the shapes a seed picks, preciseShapes, and the
+//     steps of its random histories, preciseSteps)
 //   - precise_hazards_test.go: TestPreciseRollback, TestPreciseCopyOnRead,
 //     TestPreciseFormat1, TestPreciseMigration,
 //     TestPreciseFallbackReported, TestPreciseInvalidObjectMap

@@ -369,8 +369,14 @@ func (w *preciseWorkload) logf(format string, args ...any) {
 	w.log = append(w.log, fmt.Sprintf(format, args...))
 }
 
-// kind records that the history is of kind k.
-func (w *preciseWorkload) kind(k string) { w.kinds[k] = true }
+// kind records that the history is of kind k, one that preciseShapes or
+// preciseSteps name.
+func (w *preciseWorkload) kind(k string) {
+	if !knownKind(k) {
+		w.t.Fatalf("history kind %q is named neither in preciseShapes nor in preciseSteps' kinds", k)
+	}
+	w.kinds[k] = true
+}
 
 func (w *preciseWorkload) kindList() []string { return slices.Sorted(maps.Keys(w.kinds)) }
 
@@ -452,52 +458,6 @@ func (w *preciseWorkload) fill(data []byte) {
 	}
 }
 
-// history applies n random operations to p, with snapshots in between and
-// one at the end.
-func (w *preciseWorkload) history(p *preciseImage, n int) {
-	t, r := w.t, w.rng
-	for i := 0; i < n; i++ {
-		off, length := w.extent(p)
-		switch op := r.IntN(100); {
-		case op < 40:
-			w.write(p, off, length)
-		case op < 45:
-			w.logf("write zeros %d+%d", off, length)
-			if _, err := p.img.WriteAt(make([]byte, length), int64(off)); err != nil {
-				t.Fatalf("write zeros %d+%d: %v", off, length, err)
-			}
-		case op < 53:
-			w.writeZeroes(p)
-		case op < 61:
-			if r.IntN(2) == 0 {
-				// On librbd's 64 KiB discard granularity, so that it
-				// punches holes inside objects instead of skipping.
-				off &^= 64<<10 - 1
-				length = min(p.size-off, (64<<10)*(1+r.Uint64N(8)))
-			}
-			w.logf("discard %d+%d", off, length)
-			if _, err := p.img.Discard(off, length); err != nil {
-				t.Fatalf("discard %d+%d: %v", off, length, err)
-			}
-		case op < 67:
-			w.resize(p, w.resized(p))
-		case op < 70:
-			w.shrinkGrow(p)
-		case op < 74:
-			w.recreate(p)
-		case op < 80:
-			w.read(p, off, min(length, 64*preciseKiB))
-		case op < 83 && len(p.snaps) > 0:
-			i := r.IntN(len(p.snaps))
-			w.rollback(p, p.snaps[i])
-			p.size = p.snapSizes[i]
-		default:
-			w.snap(p)
-		}
-	}
-	w.snap(p)
-}
-
 // extent picks a random extent of p: small and unaligned, 4 KiB aligned,
 // up to an object anywhere, or whole objects.
 func (w *preciseWorkload) extent(p *preciseImage) (off, length uint64) {
@@ -552,57 +512,6 @@ func (w *preciseWorkload) snap(p *preciseImage) {
 	harness.Snapshot(w.t, p.img, name)
 	p.snaps = append(p.snaps, name)
 	p.snapSizes = append(p.snapSizes, p.size)
-}
-
-// run builds the history: a plain image, or a clone (sometimes of a
-// clone) whose parent has a history of its own. The first image's objects
-// are 64 KiB, 1, 4 or 32 MiB; some are of format 1 (and not cloned);
-// some clones copy up on read.
-//
-// The seed picks these structural kinds in turn, so that a dozen
-// consecutive seeds cover each: the order by seed mod 4, format 1 for seed
-// mod 6 = 1, a migration for seed mod 6 = 4.
-func (w *preciseWorkload) run() {
-	r := w.rng
-	order := []uint64{16, 20, 22, 25}[w.seed%4]
-	w.kind(fmt.Sprintf("order %d", order))
-	switch order {
-	case 16:
-		w.maxSize = 8 * harness.MiB
-	case 25:
-		w.maxSize = 72 * harness.MiB
-	}
-	var p *preciseImage
-	// Format 1 images and migrations go through the rbd CLI, on the main
-	// test cluster; neither takes a data pool.
-	cli := w.dataPool == ""
-	if cli && w.seed%6 == 1 {
-		p = w.createFormat1(order)
-	} else {
-		p = w.create(nil, order)
-	}
-	w.history(p, 10+r.IntN(20))
-	for depth := 0; depth < 2 && !w.format1 && r.IntN(2) == 0; depth++ {
-		// librbd refuses clones with smaller objects than the parent's.
-		if r.IntN(2) == 0 {
-			order = min(order+2+uint64(r.IntN(2))*2, 25)
-			w.kind(fmt.Sprintf("order %d", order))
-		}
-		p = w.create(p, order)
-		w.kind([]string{"clone", "clone of a clone"}[depth])
-		if r.IntN(3) == 0 {
-			w.copyOnRead(p)
-		}
-		w.history(p, 10+r.IntN(20))
-	}
-	if len(w.images) == 1 && !w.format1 {
-		w.kind("plain")
-	}
-	if w.migrating = cli && w.seed%6 == 4; w.migrating {
-		w.kind("migration")
-	} else if w.removing = w.seed%3 == 2 && len(p.snaps) >= 2; w.removing {
-		w.kind("concurrent removal")
-	}
 }
 
 // read reads from p, which copies up on a clone that copies up on read;

@@ -2,26 +2,18 @@
 
 package e2e
 
-// The kinds of history TestPreciseOracle mixes into its random ones
-// (issue 16, item 6), beyond writes, zero writes, discards and resizes:
+// The scenarios of TestPreciseOracle's histories, by name: the shapes a
+// seed picks (preciseShapes: object size, format 1, clones, copy-on-read,
+// migration, concurrent removal), and the steps its random histories are
+// made of (preciseSteps: writes, zeros, discards, resizes, recreated
+// objects, reads, rollbacks, snapshots). The oracle's table has a row per
+// kind a history went through; preciseShapes names them, with the steps'
+// own kinds (write-zeroes, shrink-grow, clone past the overlap, recreate,
+// rollback).
 //
-//   - write-zeroes: librbd's rbd_write_zeroes, a discard that zeroes the
-//     partial objects of its range and removes (or truncates) whole ones;
-//   - recreate: an object removed by a whole-object discard, then written
-//     again, with or without a snapshot in between;
-//   - shrink-grow: shrink, snapshot, grow, snapshot, ... several times;
-//   - clone past the overlap: a clone grown past its parent's size,
-//     shrunk below the parent overlap, grown again, with snapshots and
-//     writes in between;
-//   - copy-on-read: a clone opened with rbd_clone_copy_on_read, whose
-//     reads copy up, some raced by a write into the same object;
-//   - rollback: `rbd snap rollback` to any earlier snapshot (history);
-//   - format 1: the first image of the old format (not cloned);
-//   - migration: the last image prepared for live migration once
-//     checked, which every mode must refuse (FAILED_PRECONDITION) or
-//     answer without missing a byte.
-//
-// Object sizes of 64 KiB and 32 MiB come from preciseWorkload.run.
+// A seed replays its history exactly: the steps draw from the workload's
+// random source in a fixed order, and the table of steps picks one with a
+// single draw in [0, 100).
 
 import (
 	"context"
@@ -29,6 +21,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/ceph/go-ceph/rados"
@@ -37,6 +31,188 @@ import (
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/harness"
 	rsm "github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd"
 )
+
+// preciseShape is a kind of history that the seed picks (run), in turn, so
+// that a dozen consecutive seeds cover each.
+type preciseShape struct {
+	name string // the kind, as the oracle's table shows it
+	doc  string
+}
+
+// preciseShapes are the kinds run picks by seed, and where they are made.
+var preciseShapes = []preciseShape{
+	{"order N", "objects of 2^N bytes: the first image's N by seed mod 4 (16, 20, 22 or 25: 64 KiB to 32 MiB), a clone's 2 or 4 more (at most 25) half the time"},
+	{"plain", "one image, no clone"},
+	{"clone", "a clone (format 2) of the first image, with a history of its own (half the seeds)"},
+	{"clone of a clone", "a clone of that clone (a quarter of the seeds)"},
+	{"copy-on-read", "a clone opened with rbd_clone_copy_on_read, whose reads copy up, some raced by a write into the same object (a third of the clones; copyOnRead)"},
+	{"format 1", "the first image is of the old format, not cloned, walked by precise mode (seed mod 6 = 1; createFormat1)"},
+	{"migration", "the checked image prepared for live migration, which every mode must refuse (FAILED_PRECONDITION) or answer without missing a byte (seed mod 6 = 4; migrate)"},
+	{"concurrent removal", "a snapshot removed while Deltas to it run (seed mod 3 = 2, with two snapshots or more; removeDuring in precise_removal_test.go)"},
+}
+
+// preciseStep is one kind of step of a random history. A history draws
+// one number in [0, 100) per step and takes the step whose band holds it;
+// the bands follow one another in preciseSteps' order, each weight wide.
+// A step that cannot run on the image gives way to the last (snapshot).
+type preciseStep struct {
+	name   string
+	doc    string
+	weight int                        // in 100
+	can    func(p *preciseImage) bool // nil: always
+	kinds  []string                   // the kinds of history it records
+	// do runs the step on p; off and length are a random extent of p
+	// (extent), drawn before the step is picked.
+	do func(w *preciseWorkload, p *preciseImage, off, length uint64)
+}
+
+// preciseSteps are the steps of a history, in the order of their bands.
+var preciseSteps = []preciseStep{
+	{name: "write", weight: 40, doc: "random bytes over the extent",
+		do: func(w *preciseWorkload, p *preciseImage, off, length uint64) { w.write(p, off, length) }},
+	{name: "write zeros", weight: 5, doc: "zeros written as data over the extent: changed bytes that read as zeros",
+		do: func(w *preciseWorkload, p *preciseImage, off, length uint64) {
+			w.logf("write zeros %d+%d", off, length)
+			if _, err := p.img.WriteAt(make([]byte, length), int64(off)); err != nil {
+				w.t.Fatalf("write zeros %d+%d: %v", off, length, err)
+			}
+		}},
+	{name: "write-zeroes", kinds: []string{"write-zeroes"}, weight: 8, doc: "librbd's rbd_write_zeroes: a discard that zeroes the partial objects of its range and removes (or truncates) whole ones (writeZeroes)",
+		do: func(w *preciseWorkload, p *preciseImage, _, _ uint64) { w.writeZeroes(p) }},
+	{name: "discard", weight: 8, doc: "a discard of the extent, half the time on librbd's 64 KiB discard granularity, so that it punches holes inside objects",
+		do: func(w *preciseWorkload, p *preciseImage, off, length uint64) {
+			if w.rng.IntN(2) == 0 {
+				// On librbd's 64 KiB discard granularity, so that it
+				// punches holes inside objects instead of skipping.
+				off &^= 64<<10 - 1
+				length = min(p.size-off, (64<<10)*(1+w.rng.Uint64N(8)))
+			}
+			w.logf("discard %d+%d", off, length)
+			if _, err := p.img.Discard(off, length); err != nil {
+				w.t.Fatalf("discard %d+%d: %v", off, length, err)
+			}
+		}},
+	{name: "resize", weight: 6, doc: "grown or shrunk by up to two objects, often not on an object boundary (resized)",
+		do: func(w *preciseWorkload, p *preciseImage, _, _ uint64) { w.resize(p, w.resized(p)) }},
+	{name: "shrink-grow", kinds: []string{"shrink-grow", "clone past the overlap"}, weight: 3, doc: "shrink, snapshot, grow, snapshot, ... several times; on a clone, half the time, grown past the parent's size, shrunk below the parent overlap and grown again (clone past the overlap; shrinkGrow)",
+		do: func(w *preciseWorkload, p *preciseImage, _, _ uint64) { w.shrinkGrow(p) }},
+	{name: "recreate", kinds: []string{"recreate"}, weight: 4, doc: "an object removed by a whole-object discard, then written again, with or without a snapshot in between (recreate)",
+		do: func(w *preciseWorkload, p *preciseImage, _, _ uint64) { w.recreate(p) }},
+	{name: "read", weight: 6, doc: "a read of up to 64 KiB, which copies up on a copy-on-read clone (read)",
+		do: func(w *preciseWorkload, p *preciseImage, off, length uint64) {
+			w.read(p, off, min(length, 64*preciseKiB))
+		}},
+	{name: "rollback", kinds: []string{"rollback"}, weight: 3, doc: "`rbd snap rollback` to any earlier snapshot (rollback)",
+		can: func(p *preciseImage) bool { return len(p.snaps) > 0 },
+		do: func(w *preciseWorkload, p *preciseImage, _, _ uint64) {
+			i := w.rng.IntN(len(p.snaps))
+			w.rollback(p, p.snaps[i])
+			p.size = p.snapSizes[i]
+		}},
+	{name: "snapshot", weight: 17, doc: "a user snapshot s<n> (snap)",
+		do: func(w *preciseWorkload, p *preciseImage, _, _ uint64) { w.snap(p) }},
+}
+
+// knownKinds are the kinds that preciseShapes and preciseSteps name, so
+// that the oracle's table has no row they do not explain. (Made by init:
+// the steps record kinds through preciseWorkload.kind, which checks here.)
+var knownKinds = map[string]bool{}
+
+func init() {
+	for _, s := range preciseShapes {
+		knownKinds[s.name] = true
+	}
+	for _, s := range preciseSteps {
+		for _, k := range s.kinds {
+			knownKinds[k] = true
+		}
+	}
+}
+
+// knownKind reports whether k is one of knownKinds, or an "order N".
+func knownKind(k string) bool {
+	if n, ok := strings.CutPrefix(k, "order "); ok {
+		_, err := strconv.Atoi(n)
+		return err == nil
+	}
+	return knownKinds[k]
+}
+
+// pickStep returns the step whose band holds op, in [0, 100).
+func pickStep(op int, p *preciseImage) preciseStep {
+	end := 0
+	for _, s := range preciseSteps {
+		end += s.weight
+		if op < end {
+			if s.can == nil || s.can(p) {
+				return s
+			}
+			break
+		}
+	}
+	return preciseSteps[len(preciseSteps)-1]
+}
+
+// history applies n random steps to p (preciseSteps), with a snapshot at
+// the end.
+func (w *preciseWorkload) history(p *preciseImage, n int) {
+	for i := 0; i < n; i++ {
+		off, length := w.extent(p)
+		pickStep(w.rng.IntN(100), p).do(w, p, off, length)
+	}
+	w.snap(p)
+}
+
+// run builds the history: a plain image, or a clone (sometimes of a
+// clone) whose parent has a history of its own (history). The first
+// image's objects are 64 KiB, 1, 4 or 32 MiB; some are of format 1 (and
+// not cloned); some clones copy up on read.
+//
+// The seed picks these structural kinds (preciseShapes) in turn, so that a
+// dozen consecutive seeds cover each: the order by seed mod 4, format 1
+// for seed mod 6 = 1, a migration for seed mod 6 = 4.
+func (w *preciseWorkload) run() {
+	r := w.rng
+	order := []uint64{16, 20, 22, 25}[w.seed%4]
+	w.kind(fmt.Sprintf("order %d", order))
+	switch order {
+	case 16:
+		w.maxSize = 8 * harness.MiB
+	case 25:
+		w.maxSize = 72 * harness.MiB
+	}
+	var p *preciseImage
+	// Format 1 images and migrations go through the rbd CLI, on the main
+	// test cluster; neither takes a data pool.
+	cli := w.dataPool == ""
+	if cli && w.seed%6 == 1 {
+		p = w.createFormat1(order)
+	} else {
+		p = w.create(nil, order)
+	}
+	w.history(p, 10+r.IntN(20))
+	for depth := 0; depth < 2 && !w.format1 && r.IntN(2) == 0; depth++ {
+		// librbd refuses clones with smaller objects than the parent's.
+		if r.IntN(2) == 0 {
+			order = min(order+2+uint64(r.IntN(2))*2, 25)
+			w.kind(fmt.Sprintf("order %d", order))
+		}
+		p = w.create(p, order)
+		w.kind([]string{"clone", "clone of a clone"}[depth])
+		if r.IntN(3) == 0 {
+			w.copyOnRead(p)
+		}
+		w.history(p, 10+r.IntN(20))
+	}
+	if len(w.images) == 1 && !w.format1 {
+		w.kind("plain")
+	}
+	if w.migrating = cli && w.seed%6 == 4; w.migrating {
+		w.kind("migration")
+	} else if w.removing = w.seed%3 == 2 && len(p.snaps) >= 2; w.removing {
+		w.kind("concurrent removal")
+	}
+}
 
 // writeZeroes zeroes part of an object (unaligned, or on 512 bytes) or
 // whole objects of p, as rbd_write_zeroes does, through the workload's
