@@ -25,8 +25,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os/exec"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -202,68 +200,6 @@ func (rv *removalVolume) snapByID(t *testing.T, snap uint64) *harness.SnapReader
 // object names object objno of the image.
 func (rv *removalVolume) object(objno int64) string {
 	return fmt.Sprintf("%s.%016x", rv.prefix, objno)
-}
-
-// fastSnapTrim lets the OSDs trim removed snapshots at once, as on SSDs
-// (osd_snap_trim_sleep_ssd is 0): the test cluster's OSD runs on a file,
-// which Ceph takes for a disk with seconds between trims. Undone when the
-// test ends.
-func fastSnapTrim(t *testing.T) {
-	t.Helper()
-	keys := []string{"osd_snap_trim_sleep", "osd_snap_trim_sleep_hdd", "osd_snap_trim_sleep_ssd", "osd_snap_trim_sleep_hybrid"}
-	for _, k := range keys {
-		harness.CephAuth(t, "config", "set", "osd", k, "0")
-	}
-	t.Cleanup(func() {
-		for _, k := range keys {
-			harness.CephAuth(t, "config", "rm", "osd", k)
-		}
-	})
-}
-
-// waitTrimmed waits until snapshot snap is gone from the snap sets of the
-// given objects (rados listsnaps), and fails the test after a minute.
-func waitTrimmed(t *testing.T, ns string, snap uint64, objects ...string) time.Duration {
-	t.Helper()
-	t0 := time.Now()
-	id := strconv.FormatUint(snap, 10)
-	for _, o := range objects {
-		for {
-			args := []string{"-p", harness.Pool}
-			if ns != "" {
-				args = append(args, "-N", ns)
-			}
-			out, err := exec.Command("rados", append(args, "listsnaps", o)...).CombinedOutput()
-			if err != nil {
-				t.Fatalf("rados listsnaps %s: %v\n%s", o, err, out)
-			}
-			if !snapListed(string(out), id) {
-				break
-			}
-			if time.Since(t0) > time.Minute {
-				t.Fatalf("snapshot %s still in the snap set of %s a minute after its removal:\n%s", id, o, out)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
-	return time.Since(t0)
-}
-
-// snapListed reports whether a clone in `rados listsnaps` output holds
-// snapshot id ("cloneid snaps size overlap" lines; snaps is a comma list).
-func snapListed(out, id string) bool {
-	for _, line := range strings.Split(out, "\n") {
-		f := strings.Fields(line)
-		if len(f) < 2 || f[0] == "cloneid" || f[0] == "head" {
-			continue
-		}
-		for _, s := range strings.Split(f[1], ",") {
-			if s == id {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // stallGate wraps a driver.Source so that each diff stops in its callback
@@ -445,7 +381,7 @@ func checkRemoval(t *testing.T, r harness.MetaReq, runs []*removalRun, truth []h
 // went. A control run without removal (but with the image renamed and
 // shrunk meanwhile) must end OK and byte-complete.
 func TestSnapshotRemovedMidStream(t *testing.T) {
-	fastSnapTrim(t)
+	harness.FastSnapTrim(t)
 	conn := harness.ConnectAdmin(t)
 	size := uint64(2*removalObjects) << 22
 	secrets := preciseSecrets(t)
@@ -490,7 +426,7 @@ func TestSnapshotRemovedMidStream(t *testing.T) {
 		if err := rv.img.GetSnapshot("A").Remove(); err != nil {
 			t.Fatalf("remove %s@A: %v", rv.v.Spec(), err)
 		}
-		t.Logf("base snapshot %d trimmed in %v", a, waitTrimmed(t, "", a, late(rv)...))
+		t.Logf("base snapshot %d trimmed in %v", a, harness.WaitTrimmed(t, "", a, late(rv)...))
 		finish(runs)
 		checkRemoval(t, r, runs, truth, codes.NotFound, "base snapshot")
 	})
@@ -508,7 +444,7 @@ func TestSnapshotRemovedMidStream(t *testing.T) {
 		if err := rv.img.GetSnapshot("B").Remove(); err != nil {
 			t.Fatalf("remove %s@B: %v", rv.v.Spec(), err)
 		}
-		t.Logf("target snapshot %d trimmed in %v", b, waitTrimmed(t, "", b, late(rv)...))
+		t.Logf("target snapshot %d trimmed in %v", b, harness.WaitTrimmed(t, "", b, late(rv)...))
 		finish(runs)
 		checkRemoval(t, r, runs, truth, codes.NotFound, "target snapshot")
 	})
@@ -520,7 +456,7 @@ func TestSnapshotRemovedMidStream(t *testing.T) {
 // clone, its parent, the source volume's trash snapshot, which holds the
 // base's data. Every stream must end NOT_FOUND.
 func TestCSIDeleteSnapshotMidStream(t *testing.T) {
-	fastSnapTrim(t)
+	harness.FastSnapTrim(t)
 	conn := harness.ConnectAdmin(t)
 	c := harness.NewCSICluster(t, conn, harness.ClusterID, "")
 	vol := c.CreateVolume(t, uint64(2*removalObjects)<<22, nil)
@@ -539,7 +475,7 @@ func TestCSIDeleteSnapshotMidStream(t *testing.T) {
 	}
 	n := len(rv.objnos)
 	t.Logf("base trash snapshot %d trimmed in %v", sa.TrashID,
-		waitTrimmed(t, "", sa.TrashID, rv.object(rv.objnos[n/2]), rv.object(rv.objnos[n-1])))
+		harness.WaitTrimmed(t, "", sa.TrashID, rv.object(rv.objnos[n/2]), rv.object(rv.objnos[n-1])))
 	finish(runs)
 	checkRemoval(t, r, runs, truth, codes.NotFound, "base snapshot")
 }

@@ -87,7 +87,7 @@ func (w *preciseWorkload) removeDuring(srcs map[string]*rsm.Source, tot *precise
 		t.Fatalf("remove %s@%s: %v", p.name, gone, err)
 	}
 	p.snaps = slices.DeleteFunc(p.snaps, func(s string) bool { return s == gone })
-	w.logf("snapshot %d trimmed in %v", id, waitTrimmed(t, w.ns, id, objs...))
+	w.logf("snapshot %d trimmed in %v", id, harness.WaitTrimmed(t, w.ns, id, objs...))
 	close(release)
 	wg.Wait()
 

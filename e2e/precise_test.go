@@ -178,7 +178,7 @@ func TestPreciseOracle(t *testing.T) { testPreciseOracle(t, harness.ImageFeature
 func TestPreciseOracleLayering(t *testing.T) { testPreciseOracle(t, rbd.FeatureLayering) }
 
 func testPreciseOracle(t *testing.T, features uint64) {
-	fastSnapTrim(t) // for the concurrent removals
+	harness.FastSnapTrim(t) // for the concurrent removals
 	conn := harness.ConnectAdmin(t)
 	ioctx := harness.OpenIOContext(t, conn, harness.Pool, "")
 	zero := preciseZeroer(t)

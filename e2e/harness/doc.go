@@ -51,4 +51,6 @@
 //     goroutines the test can inspect (StartInProc, InProc,
 //     RecordingServices).
 //   - memory.go: a process's memory from /proc (ProcStatus, SampleMemory).
+//   - trim.go: snapshot trimming at once (FastSnapTrim), and the wait
+//     until a removed snapshot is gone from objects' snap sets (WaitTrimmed).
 package harness
