@@ -38,6 +38,7 @@ import (
 
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/driver"
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/harness"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/oracle"
 	rsm "github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd"
 )
 
@@ -384,7 +385,7 @@ func TestSnapshotRemovedMidStream(t *testing.T) {
 	harness.FastSnapTrim(t)
 	conn := harness.ConnectAdmin(t)
 	size := uint64(2*removalObjects) << 22
-	secrets := preciseSecrets(t)
+	secrets := oracle.Secrets(t)
 
 	setup := func(t *testing.T) (*removalVolume, uint64, uint64) {
 		v, img := harness.CreateVolume(t, conn, "", "removal", size, harness.ImageFeatures)
@@ -465,7 +466,7 @@ func TestCSIDeleteSnapshotMidStream(t *testing.T) {
 	rv.change(t)
 	sb := vol.Snapshot(t)
 
-	r := harness.MetaReq{Base: sa.Handle(), Target: sb.Handle(), Secrets: preciseSecrets(t)}
+	r := harness.MetaReq{Base: sa.Handle(), Target: sb.Handle(), Secrets: oracle.Secrets(t)}
 	truth := rv.truth(t, rv.snapByID(t, sa.TrashID), rv.snapByID(t, sb.TrashID))
 	runs := stallStreams(t, r)
 

@@ -44,6 +44,13 @@
 // first, fails it on its own errors, and undoes what it made when the test
 // ends. A helper that one file uses stays in that file.
 //
+// The package e2e/oracle is precise mode's byte oracle, built on the
+// harness: random histories on real images made of named scenarios
+// (oracle.Shapes, the kinds a seed picks; oracle.Steps, the steps of its
+// random histories), every snapshot read back, and every mode's answer
+// judged against those bytes, with the table TestPreciseOracle prints.
+// The precise_*_test.go files and concurrent_removal_test.go use it.
+//
 // # Index
 //
 // Theme, then file, then the tests in it, in the file's order (go test
@@ -76,9 +83,6 @@
 //   - precise_ec_test.go: TestPreciseOracleECDataPool
 //   - precise_kinds_test.go: TestPreciseVolumeKinds
 //   - precise_listing_test.go: TestPreciseListing
-//   - precise_scenarios_test.go: (helpers: TestPreciseOracle's
-//     scenarios by name: the shapes a seed picks, preciseShapes, and the
-//     steps of its random histories, preciseSteps)
 //   - precise_hazards_test.go: TestPreciseRollback, TestPreciseCopyOnRead,
 //     TestPreciseFormat1, TestPreciseMigration,
 //     TestPreciseFallbackReported, TestPreciseInvalidObjectMap
@@ -96,8 +100,6 @@
 //
 //   - concurrent_removal_test.go: TestSnapshotRemovedMidStream,
 //     TestCSIDeleteSnapshotMidStream
-//   - precise_removal_test.go: (helpers: TestPreciseOracle's "concurrent
-//     removal" histories)
 //
 // Reliability: cancels, panics, limits, load, memory, secrets in logs,
 // shutdown, and faults of the cluster that streams resume past:

@@ -26,6 +26,7 @@ import (
 	"github.com/ceph/go-ceph/rbd"
 
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/harness"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/oracle"
 	rsm "github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd"
 )
 
@@ -66,16 +67,16 @@ func TestPreciseOracleECDataPool(t *testing.T) {
 	conn := harness.ConnectTo(t, c.Env["CEPH_MON_HOST"], c.Env["CEPH_USER"], c.Env["CEPH_KEY"])
 	ioctx := harness.OpenIOContext(t, conn, harness.Pool, "")
 	nsIoctx := harness.OpenIOContext(t, conn, harness.Pool, harness.Namespace)
-	srcs := preciseSourcesIn(t, c.Dir)
+	srcs := oracle.SourcesIn(t, c.Dir)
 	secrets := map[string]string{rsm.SecretUserID: c.Env["CEPH_USER"], rsm.SecretUserKey: c.Env["CEPH_KEY"]}
-	tot := newPreciseTotals()
+	tot := oracle.NewTotals()
 	t.Run("cost", func(t *testing.T) {
 		if os.Getenv("RSM_E2E_EC_COST") == "" {
 			t.Skip("set RSM_E2E_EC_COST=1 to measure")
 		}
-		w := newPreciseWorkload(t, ioctx, 7)
-		w.dataPool, w.secrets = ecPool, secrets
-		preciseCost(t, w, srcs)
+		w := oracle.NewWorkload(t, ioctx, 7)
+		w.DataPool, w.Secrets = ecPool, secrets
+		oracle.Cost(t, w, srcs)
 	})
 	t.Run("reported", func(t *testing.T) {
 		// The server binary names the checksum queries in the stream's
@@ -84,12 +85,12 @@ func TestPreciseOracleECDataPool(t *testing.T) {
 		srv := harness.StartServer(t, "--clusterconfig", c.Dir+"/csi-config.json", "--metrics-address="+addr)
 		srv.Hide = append(srv.Hide, c.Env["CEPH_KEY"], c.Env["CEPH_CSI_KEY"])
 		name := harness.UniqueName(t, "precise-ec")
-		p := newCostImage(t, ioctx, name, 64*harness.MiB, ecPool)
-		harness.WriteAt(t, p.img, 5*harness.MiB, 64*preciseKiB)
-		harness.Snapshot(t, p.img, "s1")
-		harness.WriteAt(t, p.img, 20*harness.MiB, 4*preciseKiB)
-		harness.Snapshot(t, p.img, "s2")
-		id := func(snap string) string { return "rsm-e2e/" + harness.Pool + "/" + p.name + "@" + snap }
+		p := oracle.NewCostImage(t, ioctx, name, 64*harness.MiB, ecPool)
+		harness.WriteAt(t, p.Img, 5*harness.MiB, 64*oracle.KiB)
+		harness.Snapshot(t, p.Img, "s1")
+		harness.WriteAt(t, p.Img, 20*harness.MiB, 4*oracle.KiB)
+		harness.Snapshot(t, p.Img, "s2")
+		id := func(snap string) string { return "rsm-e2e/" + harness.Pool + "/" + p.Name + "@" + snap }
 		m := srv.Get(t, harness.MetaReq{Base: id("s1"), Target: id("s2"), Secrets: secrets})
 		if m.Err != nil {
 			t.Fatal(m.Err)
@@ -98,7 +99,7 @@ func TestPreciseOracleECDataPool(t *testing.T) {
 		for _, pg := range m.Pages {
 			got = append(got, pg.Tuples...)
 		}
-		if want := []harness.Span{{Offset: 20 * int64(harness.MiB), Length: 4 * preciseKiB}}; fmt.Sprint(got) != fmt.Sprint(want) {
+		if want := []harness.Span{{Offset: 20 * int64(harness.MiB), Length: 4 * oracle.KiB}}; fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Errorf("Delta: %v, want %v", got, want)
 		}
 		for deadline := time.Now().Add(10 * time.Second); !strings.Contains(srv.Log(), `"Stream finished"`) && time.Now().Before(deadline); {
@@ -122,30 +123,30 @@ func TestPreciseOracleECDataPool(t *testing.T) {
 			{name: "EC data pool"},
 			{name: "EC data pool, restored from a snapshot", chain: true, mid: harness.CSISnapFeatures},
 		}
-		testPreciseVolumeKinds(t, conn, srcs, kinds, func(w *preciseWorkload) { w.dataPool, w.secrets = ecPool, secrets })
+		testPreciseVolumeKinds(t, conn, srcs, kinds, func(w *oracle.Workload) { w.DataPool, w.Secrets = ecPool, secrets })
 	})
-	for i, seed := range preciseSeedsOr(t, 3) {
+	for i, seed := range oracle.SeedsOr(t, 3) {
 		io, ns, cid := ioctx, "", "rsm-e2e"
 		if i%2 == 1 {
 			io, ns, cid = nsIoctx, harness.Namespace, harness.ClusterIDNS
 		}
 		t.Run(fmt.Sprintf("seed=%d%s", seed, map[bool]string{true: ",ns=" + ns}[ns != ""]), func(t *testing.T) {
-			w := newPreciseWorkload(t, io, seed)
-			w.dataPool, w.secrets, w.clusterID = ecPool, secrets, cid
-			w.run()
-			for _, p := range w.images {
-				if f, err := p.img.GetFeatures(); err != nil || f&rbd.FeatureDataPool == 0 {
-					t.Fatalf("%s: features %#x, %v: want a data pool", p.name, f, err)
+			w := oracle.NewWorkload(t, io, seed)
+			w.DataPool, w.Secrets, w.ClusterID = ecPool, secrets, cid
+			w.Run()
+			for _, p := range w.Images {
+				if f, err := p.Img.GetFeatures(); err != nil || f&rbd.FeatureDataPool == 0 {
+					t.Fatalf("%s: features %#x, %v: want a data pool", p.Name, f, err)
 				}
 			}
-			w.check(srcs, tot)
+			w.Check(srcs, tot)
 			if t.Failed() {
-				t.Logf("replay with RSM_E2E_SEED=%d; history:\n%s", seed, strings.Join(w.log, "\n"))
+				t.Logf("replay with RSM_E2E_SEED=%d; history:\n%s", seed, strings.Join(w.Log, "\n"))
 			}
 		})
 	}
-	if tot.checksummed == 0 {
+	if tot.Checksummed == 0 {
 		t.Errorf("precise mode refined no object from checksums: did the EC pool answer mapext?")
 	}
-	t.Log("\n" + tot.table())
+	t.Log("\n" + tot.Table())
 }
