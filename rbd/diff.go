@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd/internal/cepherr"
 	"io/fs"
 	"math"
 	"runtime/debug"
@@ -12,14 +13,16 @@ import (
 
 	"github.com/ceph/go-ceph/rados"
 	librbd "github.com/ceph/go-ceph/rbd"
+
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd/internal/conn"
 )
 
 // Diff is one prepared diff: an image opened read-only at its target
 // snapshot, and optionally a base snapshot of the same image. Iterate may
 // run many times; calls are serialized. Close releases it.
 type Diff struct {
-	conns *connCache
-	cc    *cachedConn
+	conns *conn.Cache
+	cc    *conn.Conn
 
 	target snapRef
 	base   *snapRef // nil: allocated extents
@@ -53,9 +56,9 @@ type Diff struct {
 // rbd_get_size, rbd_metadata_get, rbd_read.
 func (d *Diff) open() error {
 	t := &d.target
-	ioctx, err := d.cc.conn.OpenIOContext(t.pool)
+	ioctx, err := d.cc.Rados().OpenIOContext(t.pool)
 	if err != nil {
-		return wrap("open pool "+t.pool, err)
+		return cepherr.Wrap("open pool "+t.pool, err)
 	}
 	d.ioctx = ioctx
 	ioctx.SetNamespace(t.namespace)
@@ -66,14 +69,14 @@ func (d *Diff) open() error {
 		d.image, err = librbd.OpenImageReadOnly(ioctx, t.image, librbd.NoSnapshot)
 	}
 	if err != nil {
-		err = wrap("open image "+t.imageSpec(), err)
+		err = cepherr.Wrap("open image "+t.imageSpec(), err)
 		if errors.Is(err, fs.ErrPermission) {
 			err = fmt.Errorf("%w (the Ceph user's OSD caps do not cover pool %s)", err, t.pool)
 		}
 		return err
 	}
 
-	if err := refuseMigrating(d.cc.conn, d.image, t.imageSpec(), 0); err != nil {
+	if err := refuseMigrating(d.cc.Rados(), d.image, t.imageSpec(), 0); err != nil {
 		return err
 	}
 	if err := d.lookupSnap(t); err != nil {
@@ -94,11 +97,11 @@ func (d *Diff) open() error {
 
 	// By ID, so that snapshots without a usable name (in the trash) work.
 	if err := d.image.SetSnapByID(t.snapID); err != nil {
-		return wrap("set image to snapshot "+t.String(), err)
+		return cepherr.Wrap("set image to snapshot "+t.String(), err)
 	}
 	size, err := d.image.GetSize()
 	if err != nil {
-		return wrap("get size of snapshot "+t.String(), err)
+		return cepherr.Wrap("get size of snapshot "+t.String(), err)
 	}
 	if size > math.MaxInt64 {
 		return fmt.Errorf("snapshot %s: size %d out of range", t, size)
@@ -130,7 +133,7 @@ const maxCheckedDepth = 64
 func refuseMigrating(conn *rados.Conn, img *librbd.Image, spec string, depth int) error {
 	features, err := img.GetFeatures()
 	if err != nil {
-		return wrap("get features of "+spec, err)
+		return cepherr.Wrap("get features of "+spec, err)
 	}
 	if features&librbd.FeatureMigrating != 0 {
 		return fmt.Errorf("image %s is being migrated (rbd migration prepare): its changes cannot be listed until the migration is committed or aborted: %w",
@@ -141,7 +144,7 @@ func refuseMigrating(conn *rados.Conn, img *librbd.Image, spec string, depth int
 		return nil
 	}
 	if err != nil {
-		return wrap("get parent of "+spec, err)
+		return cepherr.Wrap("get parent of "+spec, err)
 	}
 	if depth >= maxCheckedDepth {
 		return fmt.Errorf("image %s: a clone chain deeper than %d: %w", spec, maxCheckedDepth, errors.ErrUnsupported)
@@ -153,13 +156,13 @@ func refuseMigrating(conn *rados.Conn, img *librbd.Image, spec string, depth int
 	}
 	pio, err := conn.OpenIOContext(pi.PoolName)
 	if err != nil {
-		return wrap("open parent pool "+pi.PoolName, err)
+		return cepherr.Wrap("open parent pool "+pi.PoolName, err)
 	}
 	defer pio.Destroy()
 	pio.SetNamespace(pi.PoolNamespace)
 	pimg, err := librbd.OpenImageByIdReadOnly(pio, pi.ImageID, librbd.NoSnapshot)
 	if err != nil {
-		return wrap("open parent image "+pspec, err)
+		return cepherr.Wrap("open parent image "+pspec, err)
 	}
 	defer pimg.Close()
 	return refuseMigrating(conn, pimg, pspec, depth+1)
@@ -175,18 +178,18 @@ func refuseMigrating(conn *rados.Conn, img *librbd.Image, spec string, depth int
 // rbd_snap_list.
 func (d *Diff) cutOff() (lo, hi int64, err error) {
 	if err := d.image.SetSnapByID(d.base.snapID); err != nil {
-		return 0, 0, wrap("set image to snapshot "+d.base.String(), err)
+		return 0, 0, cepherr.Wrap("set image to snapshot "+d.base.String(), err)
 	}
 	size1, err := d.image.GetSize()
 	if err == nil {
 		err = d.image.SetSnapByID(d.target.snapID)
 	}
 	if err != nil {
-		return 0, 0, wrap("get size of snapshot "+d.base.String(), err)
+		return 0, 0, cepherr.Wrap("get size of snapshot "+d.base.String(), err)
 	}
 	snaps, err := d.image.GetSnapshotNames()
 	if err != nil {
-		return 0, 0, wrap("list snapshots of "+d.target.imageSpec(), err)
+		return 0, 0, cepherr.Wrap("list snapshots of "+d.target.imageSpec(), err)
 	}
 	hi = int64(min(size1, uint64(d.capacity+d.header)))
 	lo = hi
@@ -205,7 +208,7 @@ func (d *Diff) lookupSnap(r *snapRef) error {
 	}
 	id, err := d.image.GetSnapID(r.snapName)
 	if err != nil {
-		return wrap("look up snapshot "+r.String(), err)
+		return cepherr.Wrap("look up snapshot "+r.String(), err)
 	}
 	r.snapID = id
 	return nil
@@ -360,7 +363,7 @@ func (d *Diff) Iterate(ctx context.Context, offset int64, fn func(offset, length
 	mu.Unlock()
 	if errors.Is(err, librbd.ErrNotImplemented) { // only from rbd_diff_iterate3
 		if calledBack {
-			err = wrap(fmt.Sprintf("diff %s from %s", d.target, d.base), err)
+			err = cepherr.Wrap(fmt.Sprintf("diff %s from %s", d.target, d.base), err)
 		} else {
 			err = d.diffIterateByName(rawOff, rawLen, run)
 		}
@@ -374,8 +377,8 @@ func (d *Diff) Iterate(ctx context.Context, offset int64, fn func(offset, length
 // and the driver's re-open of a resumed stream, then connect anew rather
 // than reuse a connection that an outage may have left broken.
 func (d *Diff) discardConnOnTimeout(err error) {
-	if d.cc != nil && temporary(err) {
-		d.conns.discard(d.cc)
+	if d.cc != nil && cepherr.Temporary(err) {
+		d.conns.Discard(d.cc)
 	}
 }
 
@@ -459,7 +462,7 @@ func (d *Diff) existing(ctx context.Context, snap uint64, off, length uint64) ([
 		if ctx.Err() != nil {
 			return nil, err
 		}
-		return nil, wrap(fmt.Sprintf("list the objects of %s at snapshot %d", d.target.imageSpec(), snap), err)
+		return nil, cepherr.Wrap(fmt.Sprintf("list the objects of %s at snapshot %d", d.target.imageSpec(), snap), err)
 	}
 	return out, nil
 }
@@ -503,7 +506,7 @@ func (d *Diff) diffIterate(offset, length uint64, cb librbd.DiffIterateCallback)
 			WholeObject:   d.wholeObject(),
 			Callback:      cb,
 		})
-		return wrap("diff "+d.target.String(), err)
+		return cepherr.Wrap("diff "+d.target.String(), err)
 	}
 	err := d.image.DiffIterateByID(librbd.DiffIterateByIDConfig{
 		FromSnapID:    d.base.snapID,
@@ -516,7 +519,7 @@ func (d *Diff) diffIterate(offset, length uint64, cb librbd.DiffIterateCallback)
 	if errors.Is(err, librbd.ErrNotImplemented) {
 		return err // Iterate falls back to diffIterateByName
 	}
-	return wrap(fmt.Sprintf("diff %s from %s", d.target, d.base), err)
+	return cepherr.Wrap(fmt.Sprintf("diff %s from %s", d.target, d.base), err)
 }
 
 // diffIterateByName is the delta for librbd without rbd_diff_iterate3
@@ -534,7 +537,7 @@ func (d *Diff) diffIterateByName(offset, length uint64, cb librbd.DiffIterateCal
 		WholeObject:   d.wholeObject(),
 		Callback:      cb,
 	})
-	return wrap(fmt.Sprintf("diff %s from %s", d.target, d.base), err)
+	return cepherr.Wrap(fmt.Sprintf("diff %s from %s", d.target, d.base), err)
 }
 
 // Close closes the image and the pool and releases the cluster connection.
@@ -551,13 +554,13 @@ func (d *Diff) Close() error {
 	d.refine.close()
 	var err error
 	if d.image != nil {
-		err = wrap("close image "+d.target.imageSpec(), d.image.Close())
+		err = cepherr.Wrap("close image "+d.target.imageSpec(), d.image.Close())
 		d.image = nil
 	}
 	if d.ioctx != nil {
 		d.ioctx.Destroy()
 		d.ioctx = nil
 	}
-	d.conns.release(d.cc)
+	d.conns.Release(d.cc)
 	return err
 }

@@ -45,16 +45,22 @@
 //
 // Cluster connections are cached per monitor set, cephx user and key (by
 // its SHA-256), shared by concurrent Diffs, and shut down after an idle
-// time or on Source.Close. Credentials come from the request's secrets
-// userID and userKey. librados is configured without files: mon_host, key,
-// keyring=/dev/null and bounded timeouts (client_mount_timeout,
-// rados_mon_op_timeout, rados_osd_op_timeout).
+// time (Options.IdleTimeout) or on Source.Close. None serves a new request
+// past Options.MaxConnAge, the bound on how long a revoked key keeps
+// working; a Diff that fails with a timeout or another temporary error
+// discards its connection, so that the next Open connects anew.
+// Credentials come from the request's secrets userID and userKey. librados
+// is configured without files: mon_host, key, keyring=/dev/null and
+// bounded timeouts (client_mount_timeout, rados_mon_op_timeout,
+// rados_osd_op_timeout). internal/conn holds the cache, connect and the
+// probing of monitor addresses; its package comment tells the whole story.
 //
 // # Errors
 //
 // Every error says what was being done ("open image rbd/vol: no such file
 // or directory") and never contains a key. Errors are classified by
-// wrapping the standard sentinels, tested with errors.Is:
+// wrapping the standard sentinels (internal/cepherr maps librados' and
+// librbd's errnos to them), tested with errors.Is:
 //
 //	fs.ErrNotExist          cluster ID, pool, namespace, image or snapshot unknown;
 //	                        a handle that names a volume or nothing; from
@@ -70,12 +76,16 @@
 //	                        a delta with a flattened Ceph-CSI snapshot; an image
 //	                        under live migration, or a clone of one
 //	os.ErrDeadlineExceeded  the monitors are unreachable or give no session in
-//	                        time (no quorum, hung), or librados timed out; an
-//	                        OSD could not load an object class (EOPNOTSUPP)
+//	                        time (no quorum, hung), or librados timed out
+//	cepherr.ErrUnavailable  an OSD could not load an object class (EOPNOTSUPP);
+//	                        its Temporary method returns true (UNAVAILABLE)
 //
-// Context errors and the errors of Iterate's callback are returned as they
-// are. Anything else is unclassified (an internal error), including a
-// missing or broken cluster config file.
+// Errors that go away by themselves (timeouts, connections reset or shut
+// down, EAGAIN, EOPNOTSUPP) have a Temporary method that returns true, and
+// a Reason for the driver's resume metric. Context errors and the errors
+// of Iterate's callback are returned as they are. Anything else is
+// unclassified (an internal error), including a missing or broken cluster
+// config file.
 //
 // # Iteration
 //

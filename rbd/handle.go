@@ -3,6 +3,7 @@ package rbd
 import (
 	"errors"
 	"fmt"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd/internal/cepherr"
 	"io/fs"
 	"strconv"
 	"strings"
@@ -166,11 +167,11 @@ func (h Handle) resolve(cl Cluster, conn func() (*rados.Conn, error)) (snapRef, 
 	}
 	pool, err := c.GetPoolByID(h.PoolID)
 	if err != nil {
-		return snapRef{}, wrap(fmt.Sprintf("look up pool ID %d", h.PoolID), err)
+		return snapRef{}, cepherr.Wrap(fmt.Sprintf("look up pool ID %d", h.PoolID), err)
 	}
 	ioctx, err := c.OpenIOContext(pool)
 	if err != nil {
-		return snapRef{}, wrap("open pool "+pool, err)
+		return snapRef{}, cepherr.Wrap("open pool "+pool, err)
 	}
 	defer ioctx.Destroy()
 	ioctx.SetNamespace(cl.RadosNamespace)
@@ -185,7 +186,7 @@ func (h Handle) resolve(cl Cluster, conn func() (*rados.Conn, error)) (snapRef, 
 		return snapRef{}, h.notSnapshot(ioctx, where)
 	}
 	if err != nil {
-		return snapRef{}, wrap(fmt.Sprintf("read Ceph-CSI journal object %s/%s", where, obj), err)
+		return snapRef{}, cepherr.Wrap(fmt.Sprintf("read Ceph-CSI journal object %s/%s", where, obj), err)
 	}
 	clone := string(vals[journalImageName])
 	if clone == "" {
@@ -193,7 +194,7 @@ func (h Handle) resolve(cl Cluster, conn func() (*rados.Conn, error)) (snapRef, 
 	}
 	img, err := librbd.OpenImageReadOnly(ioctx, clone, librbd.NoSnapshot)
 	if err != nil {
-		return snapRef{}, wrap(fmt.Sprintf("open the snapshot's image %s/%s", where, clone), err)
+		return snapRef{}, cepherr.Wrap(fmt.Sprintf("open the snapshot's image %s/%s", where, clone), err)
 	}
 	defer img.Close()
 
@@ -202,13 +203,13 @@ func (h Handle) resolve(cl Cluster, conn func() (*rados.Conn, error)) (snapRef, 
 		// Flattened: the clone's own snapshot has the data.
 		id, err := img.GetId()
 		if err != nil {
-			return snapRef{}, wrap(fmt.Sprintf("get the ID of image %s/%s", where, clone), err)
+			return snapRef{}, cepherr.Wrap(fmt.Sprintf("get the ID of image %s/%s", where, clone), err)
 		}
 		return snapRef{pool: pool, namespace: cl.RadosNamespace, image: clone, imageID: id,
 			snapName: clone, flattened: true}, nil
 	}
 	if err != nil {
-		return snapRef{}, wrap(fmt.Sprintf("get the parent of image %s/%s", where, clone), err)
+		return snapRef{}, cepherr.Wrap(fmt.Sprintf("get the parent of image %s/%s", where, clone), err)
 	}
 	return snapRef{
 		pool:      parent.Image.PoolName,

@@ -3,6 +3,7 @@ package rbd
 import (
 	"errors"
 	"fmt"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd/internal/cepherr"
 	"io/fs"
 	"strings"
 
@@ -151,7 +152,7 @@ func parentAt(conn *rados.Conn, l link) (*link, error) {
 		if errors.Is(err, rados.ErrNotFound) {
 			return nil, fmt.Errorf("snapshot %s: pool removed: %w", l, errors.Join(errVanished, fs.ErrNotExist))
 		}
-		return nil, wrap("open pool "+l.pool, err)
+		return nil, cepherr.Wrap("open pool "+l.pool, err)
 	}
 	defer ioctx.Destroy()
 	ioctx.SetNamespace(l.namespace)
@@ -163,17 +164,17 @@ func parentAt(conn *rados.Conn, l link) (*link, error) {
 	case errors.Is(err, rados.ErrNotFound) && !h.read:
 		return nil, fmt.Errorf("snapshot %s: image removed: %w", l, errors.Join(errVanished, fs.ErrNotExist))
 	case err != nil && !h.read:
-		return nil, wrap("read the header of image "+l.String(), err)
+		return nil, cepherr.Wrap("read the header of image "+l.String(), err)
 	case !h.snaps[l.snapID]:
 		return nil, fmt.Errorf("snapshot %s: removed: %w", l, errors.Join(errVanished, fs.ErrNotExist))
 	case err != nil:
-		return nil, wrap("read the parent of snapshot "+l.String(), err)
+		return nil, cepherr.Wrap("read the parent of snapshot "+l.String(), err)
 	case !h.hasParent:
 		return nil, nil
 	}
 	pool, err := conn.GetPoolByID(h.parent.poolID)
 	if err != nil {
-		return nil, wrap(fmt.Sprintf("name pool %d of the parent of snapshot %s", h.parent.poolID, l), err)
+		return nil, cepherr.Wrap(fmt.Sprintf("name pool %d of the parent of snapshot %s", h.parent.poolID, l), err)
 	}
 	return &link{pool: pool, namespace: h.parent.namespace, imageID: h.parent.imageID, snapID: h.parent.snapID}, nil
 }
@@ -185,13 +186,13 @@ func format1SnapExists(ioctx *rados.IOContext, l link) error {
 		return fmt.Errorf("snapshot %s: image removed: %w", l, errors.Join(errVanished, fs.ErrNotExist))
 	}
 	if err != nil {
-		return wrap("open image of snapshot "+l.String(), err)
+		return cepherr.Wrap("open image of snapshot "+l.String(), err)
 	}
 	defer img.Close()
 	if err := img.SetSnapByID(l.snapID); errors.Is(err, librbd.ErrNotFound) {
 		return fmt.Errorf("snapshot %s: removed: %w", l, errors.Join(errVanished, fs.ErrNotExist))
 	} else if err != nil {
-		return wrap("set image to snapshot "+l.String(), err)
+		return cepherr.Wrap("set image to snapshot "+l.String(), err)
 	}
 	return nil
 }
@@ -202,17 +203,17 @@ func (d *Diff) recordLineages() error {
 	first := link{image: d.target.image}
 	old, err := d.image.IsOldFormat()
 	if err != nil {
-		return wrap("get format of image "+d.target.imageSpec(), err)
+		return cepherr.Wrap("get format of image "+d.target.imageSpec(), err)
 	}
 	if !old { // format 1 images have no ID, and are opened by name
 		if first.imageID, err = d.image.GetId(); err != nil {
-			return wrap("get id of image "+d.target.imageSpec(), err)
+			return cepherr.Wrap("get id of image "+d.target.imageSpec(), err)
 		}
 	}
 	d.lineages = d.lineages[:0]
 	for _, r := range d.snaps() {
 		first.pool, first.namespace, first.snapID = r.pool, r.namespace, r.snapID
-		ln, err := readLineage(d.cc.conn, first)
+		ln, err := readLineage(d.cc.Rados(), first)
 		if err != nil {
 			return err
 		}
@@ -239,7 +240,7 @@ func (d *Diff) confirmLineages() error {
 		if r != &d.target {
 			what = "base"
 		}
-		got, err := readLineage(d.cc.conn, want[0])
+		got, err := readLineage(d.cc.Rados(), want[0])
 		if errors.Is(err, errVanished) {
 			// The snapshot itself went (got ends where the read failed),
 			// or one of its parents. The message names the snapshot as

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd/internal/cepherr"
 	"hash"
 	"io"
 	"math"
@@ -54,7 +55,7 @@ func luksHeaderSize(img *librbd.Image, size uint64) (int64, error) {
 		return 0, nil
 	}
 	if err != nil {
-		return 0, wrap("read image metadata "+metaEncrypted, err)
+		return 0, cepherr.Wrap("read image metadata "+metaEncrypted, err)
 	}
 	switch strings.TrimSpace(state) {
 	case "":
@@ -74,7 +75,7 @@ func luksHeaderSize(img *librbd.Image, size uint64) (int64, error) {
 		}
 		return n, nil
 	} else if !errors.Is(err, librbd.ErrNotFound) {
-		return 0, wrap("read image metadata "+metaLuks2HeaderSize, err)
+		return 0, cepherr.Wrap("read image metadata "+metaLuks2HeaderSize, err)
 	}
 	return defaultLuksHeaderSize, nil
 }

@@ -56,6 +56,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd/internal/cepherr"
 	"maps"
 	"sync"
 	"sync/atomic"
@@ -246,7 +247,7 @@ func (r *refiner) byExistence() bool { return r.usable() && r.existence }
 // rbd_get_overlap, rbd_open_by_id_read_only, rbd_snap_set_by_id, rbd_read,
 // rados_ioctx_create, rados_ioctx_snap_set_read.
 func (d *Diff) openPrecise() error {
-	r := &refiner{s2: d.target.snapID, conn: d.cc.conn, walkMode: d.walk}
+	r := &refiner{s2: d.target.snapID, conn: d.cc.Rados(), walkMode: d.walk}
 	d.refine = r
 	err := r.open(d)
 	if err != nil {
@@ -258,14 +259,14 @@ func (d *Diff) openPrecise() error {
 	}
 	if d.base != nil {
 		if err := d.image.SetSnapByID(d.target.snapID); err != nil {
-			return wrap("set image to snapshot "+d.target.String(), err)
+			return cepherr.Wrap("set image to snapshot "+d.target.String(), err)
 		}
 	}
 	return nil
 }
 
 func (r *refiner) open(d *Diff) error {
-	conn := d.cc.conn
+	conn := d.cc.Rados()
 	if d.header == 0 {
 		magic := make([]byte, 6)
 		if n, _ := d.image.ReadAt(magic, 0); n == len(magic) &&
@@ -288,7 +289,7 @@ func (r *refiner) open(d *Diff) error {
 	}
 	r.s1 = d.base.snapID
 	if err := d.image.SetSnapByID(r.s1); err != nil {
-		return wrap("set image to snapshot "+d.base.String(), err)
+		return cepherr.Wrap("set image to snapshot "+d.base.String(), err)
 	}
 	if r.base, err = r.layer(conn, t.pool, t.namespace, d.image, r.s1, 0); err != nil {
 		return err
@@ -306,7 +307,7 @@ func (r *refiner) open(d *Diff) error {
 		// every object: exact already, and existence would only cost more.
 		features, err := d.image.GetFeatures()
 		if err != nil {
-			return wrap("get features", err)
+			return cepherr.Wrap("get features", err)
 		}
 		r.existence = features&librbd.FeatureFastDiff != 0
 	}
@@ -320,12 +321,12 @@ func (r *refiner) open(d *Diff) error {
 func (r *refiner) ioctx(conn *rados.Conn, pool, ns string, snap uint64) (*rados.IOContext, error) {
 	ioctx, err := conn.OpenIOContext(pool)
 	if err != nil {
-		return nil, wrap("open pool "+pool, err)
+		return nil, cepherr.Wrap("open pool "+pool, err)
 	}
 	r.ioctxs = append(r.ioctxs, ioctx)
 	ioctx.SetNamespace(ns)
 	if err := ioctx.SetReadSnap(rados.SnapID(snap)); err != nil {
-		return nil, wrap("set read snapshot", err)
+		return nil, cepherr.Wrap("set read snapshot", err)
 	}
 	return ioctx, nil
 }
@@ -334,15 +335,15 @@ func (r *refiner) ioctx(conn *rados.Conn, pool, ns string, snap uint64) (*rados.
 func (r *refiner) layer(conn *rados.Conn, pool, ns string, img *librbd.Image, snap uint64, depth int) (*layer, error) {
 	st, err := img.Stat()
 	if err != nil {
-		return nil, wrap("stat image", err)
+		return nil, cepherr.Wrap("stat image", err)
 	}
 	su, err := img.GetStripeUnit()
 	if err != nil {
-		return nil, wrap("get stripe unit", err)
+		return nil, cepherr.Wrap("get stripe unit", err)
 	}
 	sc, err := img.GetStripeCount()
 	if err != nil {
-		return nil, wrap("get stripe count", err)
+		return nil, cepherr.Wrap("get stripe count", err)
 	}
 	// With one object per stripe, the stripe unit does not matter: byte b
 	// of the image is in object b / object size (a clone inherits its
@@ -352,7 +353,7 @@ func (r *refiner) layer(conn *rados.Conn, pool, ns string, img *librbd.Image, sn
 	}
 	features, err := img.GetFeatures()
 	if err != nil {
-		return nil, wrap("get features", err)
+		return nil, cepherr.Wrap("get features", err)
 	}
 	dataPool := pool
 	if features&librbd.FeatureDataPool != 0 {
@@ -368,7 +369,7 @@ func (r *refiner) layer(conn *rados.Conn, pool, ns string, img *librbd.Image, sn
 	}
 	old, err := img.IsOldFormat()
 	if err != nil {
-		return nil, wrap("get image format", err)
+		return nil, cepherr.Wrap("get image format", err)
 	}
 	l := &layer{ioctx: ioctx, pool: dataPool, ns: ns, data: r.query(dataPool), prefix: st.Block_name_prefix, oldFormat: old, objSize: int64(st.Obj_size)}
 
@@ -377,11 +378,11 @@ func (r *refiner) layer(conn *rados.Conn, pool, ns string, img *librbd.Image, sn
 		return l, nil
 	}
 	if err != nil {
-		return nil, wrap("get parent", err)
+		return nil, cepherr.Wrap("get parent", err)
 	}
 	overlap, err := img.GetOverlap()
 	if err != nil {
-		return nil, wrap("get parent overlap", err)
+		return nil, cepherr.Wrap("get parent overlap", err)
 	}
 	if overlap == 0 {
 		return l, nil
@@ -392,17 +393,17 @@ func (r *refiner) layer(conn *rados.Conn, pool, ns string, img *librbd.Image, sn
 	pi := parent.Image
 	pio, err := conn.OpenIOContext(pi.PoolName)
 	if err != nil {
-		return nil, wrap("open parent pool "+pi.PoolName, err)
+		return nil, cepherr.Wrap("open parent pool "+pi.PoolName, err)
 	}
 	defer pio.Destroy()
 	pio.SetNamespace(pi.PoolNamespace)
 	pimg, err := librbd.OpenImageByIdReadOnly(pio, pi.ImageID, librbd.NoSnapshot)
 	if err != nil {
-		return nil, wrap("open parent image "+pi.ImageName, err)
+		return nil, cepherr.Wrap("open parent image "+pi.ImageName, err)
 	}
 	defer pimg.Close()
 	if err := pimg.SetSnapByID(parent.Snap.ID); err != nil {
-		return nil, wrap(fmt.Sprintf("set parent image %s to snapshot %d", pi.ImageName, parent.Snap.ID), err)
+		return nil, cepherr.Wrap(fmt.Sprintf("set parent image %s to snapshot %d", pi.ImageName, parent.Snap.ID), err)
 	}
 	if l.parent, err = r.layer(conn, pi.PoolName, pi.PoolNamespace, pimg, parent.Snap.ID, depth+1); err != nil {
 		return nil, err
@@ -415,7 +416,7 @@ func (r *refiner) layer(conn *rados.Conn, pool, ns string, img *librbd.Image, sn
 func (r *refiner) dataPool(conn *rados.Conn, pool, ns string, img *librbd.Image) (string, error) {
 	imageID, err := img.GetId()
 	if err != nil {
-		return "", wrap("get image id", err)
+		return "", cepherr.Wrap("get image id", err)
 	}
 	key := [3]string{pool, ns, imageID}
 	if name, ok := r.dataPools[key]; ok {
@@ -423,17 +424,17 @@ func (r *refiner) dataPool(conn *rados.Conn, pool, ns string, img *librbd.Image)
 	}
 	hio, err := conn.OpenIOContext(pool)
 	if err != nil {
-		return "", wrap("open pool "+pool, err)
+		return "", cepherr.Wrap("open pool "+pool, err)
 	}
 	hio.SetNamespace(ns)
 	id, err := dataPoolID(hio, imageID)
 	hio.Destroy()
 	if err != nil {
-		return "", wrap("get data pool", err)
+		return "", cepherr.Wrap("get data pool", err)
 	}
 	name, err := conn.GetPoolByID(id)
 	if err != nil {
-		return "", wrap(fmt.Sprintf("look up data pool %d", id), err)
+		return "", cepherr.Wrap(fmt.Sprintf("look up data pool %d", id), err)
 	}
 	if r.dataPools == nil {
 		r.dataPools = map[[3]string]string{}
@@ -699,10 +700,10 @@ func (r *refiner) walkDelta(ctx context.Context, c candidate) ([]span, error) {
 		objno := objs[i]
 		s, err := r.deltaOf(ctx, objno, name, sss[i], errs[i], true)
 		if err != nil {
-			if isTimeout(err) || ctx.Err() != nil {
+			if cepherr.Unanswered(err) || ctx.Err() != nil {
 				return nil, err
 			}
-			r.fellBack(classify(err))
+			r.fellBack(cepherr.Classify(err))
 			s = []span{{objno * size, size}}
 		}
 		out = append(out, s...)

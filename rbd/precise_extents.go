@@ -3,6 +3,7 @@ package rbd
 import (
 	"errors"
 	"fmt"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd/internal/cepherr"
 	"sync/atomic"
 	"syscall"
 
@@ -36,9 +37,6 @@ type dataQuery struct {
 	summed   *atomic.Int64
 }
 
-// isNotSupported reports whether err is EOPNOTSUPP.
-func isNotSupported(err error) bool { return errnoOf(err) == int(syscall.EOPNOTSUPP) }
-
 // extents returns the extents of object oid, within [off, off+length)
 // (object offsets), that may hold data at ioctx's read snapshot: from
 // mapext, or from checksums where the pool refuses mapext. size is the
@@ -47,7 +45,7 @@ func isNotSupported(err error) bool { return errnoOf(err) == int(syscall.EOPNOTS
 func (q *dataQuery) extents(ioctx *rados.IOContext, oid string, off, length, size int64) ([]span, error) {
 	if !q.noMapext.Load() {
 		ext, err := mapext(ioctx, oid, off, length)
-		if !isNotSupported(err) {
+		if !cepherr.IsNotSupported(err) {
 			if err != nil && !isNoEnt(err) {
 				err = reasoned{ReasonMapext, fmt.Errorf("mapext %s: %w", oid, err)}
 			}

@@ -33,6 +33,7 @@ import "C"
 
 import (
 	"fmt"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd/internal/cepherr"
 	"unsafe"
 
 	librbd "github.com/ceph/go-ceph/rbd"
@@ -58,14 +59,14 @@ const (
 func (d *Diff) noObjectMap() (bool, error) {
 	features, err := d.image.GetFeatures()
 	if err != nil {
-		return false, wrap("get features", err)
+		return false, cepherr.Wrap("get features", err)
 	}
 	if features&librbd.FeatureFastDiff == 0 || features&librbd.FeatureObjectMap == 0 {
 		return true, nil
 	}
 	id, err := d.image.GetId()
 	if err != nil {
-		return false, wrap("get image id", err)
+		return false, cepherr.Wrap("get image id", err)
 	}
 	header := C.CString("rbd_header." + id)
 	defer C.free(unsafe.Pointer(header))
@@ -76,7 +77,7 @@ func (d *Diff) noObjectMap() (bool, error) {
 	for _, s := range snaps {
 		var flags C.uint64_t
 		if r := C.rsm_rbd_flags(C.rados_ioctx_t(d.ioctx.Pointer()), header, C.uint64_t(s), &flags); r < 0 {
-			return false, wrap(fmt.Sprintf("read the flags of %s at snapshot %d", d.target.imageSpec(), s), radosErr(r))
+			return false, cepherr.Wrap(fmt.Sprintf("read the flags of %s at snapshot %d", d.target.imageSpec(), s), radosErr(r))
 		}
 		if flags&(flagObjectMapInvalid|flagFastDiffInvalid) != 0 {
 			return true, nil

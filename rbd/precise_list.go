@@ -2,6 +2,7 @@ package rbd
 
 import (
 	"context"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd/internal/cepherr"
 	"slices"
 	"strconv"
 	"strings"
@@ -56,7 +57,7 @@ func (r *refiner) walkRanges(ctx context.Context, off, end int64) ([]span, error
 	if mode == WalkAuto {
 		var err error
 		if mode, err = r.chooseWalk(off, end); err != nil {
-			if isTimeout(err) {
+			if cepherr.Unanswered(err) {
 				return nil, err
 			}
 			mode = WalkProbe // the pool's statistics refused: probe, as for a big pool
@@ -69,7 +70,7 @@ func (r *refiner) walkRanges(ctx context.Context, off, end int64) ([]span, error
 		return all, nil
 	}
 	rs, err := r.listRanges(ctx, off, end)
-	if err != nil && ctx.Err() == nil && !isTimeout(err) {
+	if err != nil && ctx.Err() == nil && !cepherr.Unanswered(err) {
 		// Listing refused (say, OSD caps without it) or failed: probing
 		// finds the same objects, object by object.
 		r.mu.Lock()
@@ -114,12 +115,12 @@ func (r *refiner) listRanges(ctx context.Context, off, end int64) ([]span, error
 func (r *refiner) chooseWalk(off, end int64) (string, error) {
 	io, err := r.conn.OpenIOContext(r.top.pool)
 	if err != nil {
-		return "", wrap("open pool "+r.top.pool, err)
+		return "", cepherr.Wrap("open pool "+r.top.pool, err)
 	}
 	defer io.Destroy()
 	st, err := io.GetPoolStats()
 	if err != nil {
-		return "", wrap("get the statistics of pool "+r.top.pool, err)
+		return "", cepherr.Wrap("get the statistics of pool "+r.top.pool, err)
 	}
 	objects := (end-off+r.top.objSize-1)/r.top.objSize + 1
 	if st.Num_objects > uint64(objects)*listRatio {
@@ -137,13 +138,13 @@ func (r *refiner) chooseWalk(off, end int64) (string, error) {
 func (r *refiner) list(ctx context.Context, l *layer) ([]int64, error) {
 	io, err := r.conn.OpenIOContext(l.pool)
 	if err != nil {
-		return nil, wrap("open pool "+l.pool, err)
+		return nil, cepherr.Wrap("open pool "+l.pool, err)
 	}
 	defer io.Destroy()
 	io.SetNamespace(l.ns)
 	it, err := io.Iter()
 	if err != nil {
-		return nil, wrap("list the objects of pool "+l.pool, err)
+		return nil, cepherr.Wrap("list the objects of pool "+l.pool, err)
 	}
 	defer it.Close()
 	var objs []int64
@@ -158,7 +159,7 @@ func (r *refiner) list(ctx context.Context, l *layer) ([]int64, error) {
 		}
 	}
 	if err := it.Err(); err != nil {
-		return nil, wrap("list the objects of pool "+l.pool, err)
+		return nil, cepherr.Wrap("list the objects of pool "+l.pool, err)
 	}
 	slices.Sort(objs)
 	return slices.Compact(objs), nil

@@ -3,8 +3,8 @@ package rbd
 import (
 	"context"
 	"fmt"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd/internal/cepherr"
 	"sync"
-	"syscall"
 
 	librbd "github.com/ceph/go-ceph/rbd"
 )
@@ -298,10 +298,10 @@ func (p *pipeline) run(c candidate) ([]span, error) {
 		if p.ctx.Err() != nil {
 			return nil, nil // stopping anyway; finish reports why
 		}
-		// Only a timeout stops: EOPNOTSUPP, also UNAVAILABLE to the
-		// client, is what an erasure-coded pool may answer to a query
+		// Only an unanswered query stops: EOPNOTSUPP
+		// (cepherr.ErrUnavailable, also UNAVAILABLE to the client) is what an erasure-coded pool may answer to a query
 		// that a replicated one serves, and that object falls back.
-		if err = classify(err); isTimeout(err) {
+		if err = cepherr.Classify(err); cepherr.Unanswered(err) {
 			return nil, fmt.Errorf("refine the changes at %d+%d: %w", c.off, c.len, err)
 		}
 		p.fellBack(err)
@@ -331,14 +331,4 @@ func (p *pipeline) finish(err error) error {
 		return p.err
 	}
 	return err
-}
-
-// isTimeout reports whether err says the cluster did not answer in time,
-// or another error that goes away by itself (a connection reset...), which
-// stops a pipeline (see pipeline) rather than fall back: the driver then
-// resumes the stream and refines that object again, where a fallback
-// would report it whole.
-func isTimeout(err error) bool {
-	err = classify(err)
-	return temporary(err) && errnoOf(err) != int(syscall.EOPNOTSUPP)
 }

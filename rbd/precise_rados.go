@@ -118,10 +118,3 @@ func checksums(ioctx *rados.IOContext, oid string, off, length, chunk int64) ([]
 		return nil, fmt.Errorf("checksum: %d hashes for %d chunks", len(w), length/chunk)
 	}
 }
-
-// librados writes its log to C++'s std::cerr until a connection's
-// configuration reaches it, and before that it quotes there a cephx key it
-// cannot decode (reef, given tentacle's aes256k key). Secrets never reach
-// a log: the process's std::cerr writes nothing. klog and the Go runtime
-// write to the stderr file itself, not through it.
-func init() { C.rsm_silence_cerr() }

@@ -11,7 +11,6 @@
 
 #include <cerrno>
 #include <cstdlib>
-#include <iostream>
 #include <map>
 #include <new>
 #include <string>
@@ -207,5 +206,3 @@ extern "C" int rsm_checksum(rados_ioctx_t io, const char *oid, uint64_t off, uin
     return -EIO;
   }
 }
-
-extern "C" void rsm_silence_cerr(void) { std::cerr.rdbuf(nullptr); }

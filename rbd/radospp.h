@@ -58,14 +58,6 @@ int rsm_mapext(rados_ioctx_t io, const char *oid, uint64_t off, uint64_t len, ui
 int rsm_checksum(rados_ioctx_t io, const char *oid, uint64_t off, uint64_t len, uint64_t chunk,
                  uint64_t **out, size_t *n);
 
-/*
- * rsm_silence_cerr: std::cerr writes nothing from now on. librados logs to
- * it before its configuration applies (log_to_stderr and err_to_stderr
- * reach its log only once connected), and quotes there a key it cannot
- * decode. Go's own stderr (klog, the runtime) is not std::cerr.
- */
-void rsm_silence_cerr(void);
-
 #ifdef __cplusplus
 }
 #endif

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/ceph/go-ceph/rados"
+
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd/internal/conn"
 )
 
 // Options configure a Source. Zero values select the defaults.
@@ -80,7 +82,7 @@ const (
 type Source struct {
 	opts   Options
 	config *config
-	conns  *connCache
+	conns  *conn.Cache
 }
 
 // NewSource returns a Source; Close releases it.
@@ -97,11 +99,11 @@ func NewSource(o Options) *Source {
 	if o.MaxConnAge <= 0 {
 		o.MaxConnAge = DefaultMaxConnAge
 	}
-	t := timeouts{mount: o.MountTimeout, op: o.OpTimeout}
+	t := conn.Timeouts{Mount: o.MountTimeout, Op: o.OpTimeout}
 	return &Source{
 		opts:   o,
 		config: &config{path: o.ConfigPath},
-		conns:  newConnCache(t.connector(), o.IdleTimeout, o.MaxConnAge),
+		conns:  conn.NewCache(t, o.IdleTimeout, o.MaxConnAge),
 	}
 }
 
@@ -109,32 +111,31 @@ func NewSource(o Options) *Source {
 // when their Diffs close. It waits for connect attempts in flight (at most
 // about MountTimeout). Open fails after Close.
 func (s *Source) Close() error {
-	s.conns.close()
+	s.conns.Close()
 	return nil
 }
 
+// Stats counts a Source's cluster connections.
+type Stats = conn.Stats
+
 // Stats counts the cached connections.
-func (s *Source) Stats() Stats { return s.conns.stats() }
+func (s *Source) Stats() Stats { return s.conns.Stats() }
 
 // Open resolves the snapshots of req and prepares one diff: the allocated
 // extents of Target when Base is empty, otherwise the extents that changed
 // from Base to Target, which must be an older snapshot of the same image.
 // The caller must Close the Diff. On error, everything Open took is
 // released. Errors are classified as documented in the package comment.
-func (s *Source) Open(ctx context.Context, req Request) (_ *Diff, err error) {
-	target, err := parseReference(req.Target)
+//
+// In three steps: parse the IDs and the secrets, so that a malformed
+// request fails before any connect (parseRequest, credentials); resolve
+// the IDs to snapshots, which connects only for Ceph-CSI handles, whose
+// journal is in the cluster (resolveIDs); then connect, if resolving did
+// not, and open the image (openDiff).
+func (s *Source) Open(ctx context.Context, req Request) (*Diff, error) {
+	target, base, err := parseRequest(req)
 	if err != nil {
-		return nil, fmt.Errorf("target: %w", err)
-	}
-	var base reference
-	if req.Base != "" {
-		if base, err = parseReference(req.Base); err != nil {
-			return nil, fmt.Errorf("base: %w", err)
-		}
-		if base.clusterID() != target.clusterID() {
-			return nil, fmt.Errorf("snapshots of different volumes: base %q is in cluster %q, target %q in cluster %q: %w",
-				req.Base, base.clusterID(), req.Target, target.clusterID(), fs.ErrInvalid)
-		}
+		return nil, err
 	}
 	user, key, err := credentials(req.Secrets)
 	if err != nil {
@@ -144,44 +145,81 @@ func (s *Source) Open(ctx context.Context, req Request) (_ *Diff, err error) {
 	if err != nil {
 		return nil, err
 	}
-	host, dial, err := monHost(cl.Monitors)
+	host, dial, err := conn.MonHost(cl.Monitors)
 	if err != nil {
 		// The server's configuration is broken: not the caller's fault.
 		return nil, fmt.Errorf("cluster %q in the cluster config: %v", cl.ID, err)
 	}
-	lc := &lazyConn{ctx: ctx, cache: s.conns, params: connParams{monHost: host, dial: dial, user: user, key: key}}
+	lc := &lazyConn{ctx: ctx, cache: s.conns, params: conn.Params{MonHost: host, Dial: dial, User: user, Key: key}}
 	defer lc.release() // unless handed to the Diff
 
-	tref, err := target.resolve(cl, lc.get)
+	tref, bref, err := resolveIDs(req, cl, target, base, lc.get)
 	if err != nil {
-		return nil, fmt.Errorf("resolve target %q: %w", req.Target, err)
-	}
-	var bref *snapRef
-	if base != nil {
-		b, err := base.resolve(cl, lc.get)
-		if err != nil {
-			return nil, fmt.Errorf("resolve base %q: %w", req.Base, err)
-		}
-		// A flattened Ceph-CSI snapshot no longer shares history with the
-		// source volume's other snapshots: nothing to diff against.
-		for _, f := range []struct {
-			id  string
-			ref snapRef
-		}{{req.Base, b}, {req.Target, tref}} {
-			if f.ref.flattened {
-				return nil, fmt.Errorf("snapshot %q was flattened by Ceph-CSI (image %s has no parent), so it cannot be diffed against another snapshot: a full backup is needed (ask for its allocated blocks): %w",
-					f.id, f.ref.imageSpec(), errors.ErrUnsupported)
-			}
-		}
-		if !b.sameImage(tref) {
-			return nil, fmt.Errorf("snapshots of different volumes: base %s, target %s: %w", b, tref, fs.ErrInvalid)
-		}
-		bref = &b
+		return nil, err
 	}
 	if _, err := lc.get(); err != nil {
 		return nil, err
 	}
-	d := &Diff{conns: s.conns, cc: lc.take(), target: tref, base: bref, whole: s.opts.WholeObject, trustObjectMap: s.opts.TrustObjectMap, walk: s.opts.Walk}
+	return s.openDiff(ctx, lc.take(), tref, bref)
+}
+
+// parseRequest decodes the target's and the base's IDs (base is nil for
+// allocated extents); both must name the same cluster.
+func parseRequest(req Request) (target, base reference, err error) {
+	if target, err = parseReference(req.Target); err != nil {
+		return nil, nil, fmt.Errorf("target: %w", err)
+	}
+	if req.Base == "" {
+		return target, nil, nil
+	}
+	if base, err = parseReference(req.Base); err != nil {
+		return nil, nil, fmt.Errorf("base: %w", err)
+	}
+	if base.clusterID() != target.clusterID() {
+		return nil, nil, fmt.Errorf("snapshots of different volumes: base %q is in cluster %q, target %q in cluster %q: %w",
+			req.Base, base.clusterID(), req.Target, target.clusterID(), fs.ErrInvalid)
+	}
+	return target, base, nil
+}
+
+// resolveIDs resolves the target and the base (if any) to snapshots of
+// cluster cl, connecting through connect when an ID needs the cluster,
+// and checks that they can be diffed: snapshots of the same image, and
+// neither flattened by Ceph-CSI. bref is nil when base is.
+func resolveIDs(req Request, cl Cluster, target, base reference, connect func() (*rados.Conn, error)) (tref snapRef, bref *snapRef, err error) {
+	if tref, err = target.resolve(cl, connect); err != nil {
+		return snapRef{}, nil, fmt.Errorf("resolve target %q: %w", req.Target, err)
+	}
+	if base == nil {
+		return tref, nil, nil
+	}
+	b, err := base.resolve(cl, connect)
+	if err != nil {
+		return snapRef{}, nil, fmt.Errorf("resolve base %q: %w", req.Base, err)
+	}
+	// A flattened Ceph-CSI snapshot no longer shares history with the
+	// source volume's other snapshots: nothing to diff against.
+	for _, f := range []struct {
+		id  string
+		ref snapRef
+	}{{req.Base, b}, {req.Target, tref}} {
+		if f.ref.flattened {
+			return snapRef{}, nil, fmt.Errorf("snapshot %q was flattened by Ceph-CSI (image %s has no parent), so it cannot be diffed against another snapshot: a full backup is needed (ask for its allocated blocks): %w",
+				f.id, f.ref.imageSpec(), errors.ErrUnsupported)
+		}
+	}
+	if !b.sameImage(tref) {
+		return snapRef{}, nil, fmt.Errorf("snapshots of different volumes: base %s, target %s: %w", b, tref, fs.ErrInvalid)
+	}
+	return tref, &b, nil
+}
+
+// openDiff opens the image of tref on cc, whose reference it takes, and
+// prepares the Diff as the Source's options say. On error it closes the
+// Diff, which releases cc, and first discards cc when the error says the
+// cluster did not answer in time.
+func (s *Source) openDiff(ctx context.Context, cc *conn.Conn, tref snapRef, bref *snapRef) (_ *Diff, err error) {
+	d := &Diff{conns: s.conns, cc: cc, target: tref, base: bref, whole: s.opts.WholeObject, trustObjectMap: s.opts.TrustObjectMap, walk: s.opts.Walk}
 	defer func() {
 		if err != nil {
 			d.discardConnOnTimeout(err)
@@ -235,25 +273,25 @@ func credentials(secrets map[string]string) (user, key string, err error) {
 // IDs resolve without it, so that malformed requests fail without a connect.
 type lazyConn struct {
 	ctx    context.Context
-	cache  *connCache
-	params connParams
-	cc     *cachedConn
+	cache  *conn.Cache
+	params conn.Params
+	cc     *conn.Conn
 }
 
 // get returns the connection, connecting on first use.
 func (l *lazyConn) get() (*rados.Conn, error) {
 	if l.cc == nil {
-		cc, err := l.cache.get(l.ctx, l.params)
+		cc, err := l.cache.Get(l.ctx, l.params)
 		if err != nil {
 			return nil, err
 		}
 		l.cc = cc
 	}
-	return l.cc.conn, nil
+	return l.cc.Rados(), nil
 }
 
 // take hands the reference to the caller; release then does nothing.
-func (l *lazyConn) take() *cachedConn {
+func (l *lazyConn) take() *conn.Conn {
 	cc := l.cc
 	l.cc = nil
 	return cc
@@ -262,7 +300,7 @@ func (l *lazyConn) take() *cachedConn {
 // release drops the reference unless it was taken.
 func (l *lazyConn) release() {
 	if l.cc != nil {
-		l.cache.release(l.cc)
+		l.cache.Release(l.cc)
 		l.cc = nil
 	}
 }

@@ -1,9 +1,8 @@
-package rbd
+package conn
 
 import (
 	"context"
 	"errors"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -21,7 +20,7 @@ type fakeConnector struct {
 	shut     atomic.Int32
 }
 
-func (f *fakeConnector) connect(connParams) (*rados.Conn, error) {
+func (f *fakeConnector) connect(Params) (*rados.Conn, error) {
 	f.connects.Add(1)
 	if f.gate != nil {
 		<-f.gate
@@ -32,43 +31,43 @@ func (f *fakeConnector) connect(connParams) (*rados.Conn, error) {
 	return rados.NewConn()
 }
 
-func newTestCache(t *testing.T, f *fakeConnector, idle time.Duration) *connCache {
+func newTestCache(t *testing.T, f *fakeConnector, idle time.Duration) *Cache {
 	t.Helper()
 	return newTestCacheAged(t, f, idle, time.Hour)
 }
 
-func newTestCacheAged(t *testing.T, f *fakeConnector, idle, maxAge time.Duration) *connCache {
+func newTestCacheAged(t *testing.T, f *fakeConnector, idle, maxAge time.Duration) *Cache {
 	t.Helper()
-	c := newConnCache(f.connect, idle, maxAge)
+	c := newCache(f.connect, idle, maxAge)
 	c.shutdown = func(*rados.Conn) { f.shut.Add(1) }
-	t.Cleanup(c.close)
+	t.Cleanup(c.Close)
 	return c
 }
 
-var params = connParams{monHost: "v1:127.0.0.1:1", user: "admin", key: "k"}
+var params = Params{MonHost: "v1:127.0.0.1:1", User: "admin", Key: "k"}
 
 func TestConnCacheSingleflight(t *testing.T) {
 	f := &fakeConnector{gate: make(chan struct{})}
 	c := newTestCache(t, f, time.Hour)
 
 	const n = 8
-	got := make([]*cachedConn, n)
+	got := make([]*Conn, n)
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			cc, err := c.get(context.Background(), params)
+			cc, err := c.Get(context.Background(), params)
 			if err != nil {
 				t.Error(err)
 			}
 			got[i] = cc
 		}()
 	}
-	for c.stats().Refs < n {
+	for c.Stats().Refs < n {
 		time.Sleep(time.Millisecond)
 	}
-	if s := c.stats(); s.Conns != 1 || s.Connecting != 1 {
+	if s := c.Stats(); s.Conns != 1 || s.Connecting != 1 {
 		t.Errorf("stats while connecting = %+v", s)
 	}
 	close(f.gate)
@@ -82,29 +81,29 @@ func TestConnCacheSingleflight(t *testing.T) {
 		}
 	}
 	other := params
-	other.key = "other"
-	cc2, err := c.get(context.Background(), other)
+	other.Key = "other"
+	cc2, err := c.Get(context.Background(), other)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if cc2 == got[0] || f.connects.Load() != 2 {
 		t.Error("another key shared the connection")
 	}
-	c.release(cc2)
+	c.Release(cc2)
 	for _, cc := range got {
-		c.release(cc)
+		c.Release(cc)
 	}
-	if s := c.stats(); s.Conns != 2 || s.Refs != 0 || s.Connecting != 0 {
+	if s := c.Stats(); s.Conns != 2 || s.Refs != 0 || s.Connecting != 0 {
 		t.Errorf("stats after release = %+v", s)
 	}
 	if f.shut.Load() != 0 {
 		t.Error("an idle connection was shut down before its time")
 	}
-	c.close()
+	c.Close()
 	if f.shut.Load() != 2 {
 		t.Errorf("%d shutdowns after close; want 2", f.shut.Load())
 	}
-	if _, err := c.get(context.Background(), params); !errors.Is(err, errCacheClosed) {
+	if _, err := c.Get(context.Background(), params); !errors.Is(err, errClosed) {
 		t.Errorf("get after close: %v", err)
 	}
 }
@@ -116,10 +115,10 @@ func TestConnCacheCancelWhileConnecting(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
 	go func() {
-		_, err := c.get(ctx, params)
+		_, err := c.Get(ctx, params)
 		done <- err
 	}()
-	for c.stats().Refs < 1 {
+	for c.Stats().Refs < 1 {
 		time.Sleep(time.Millisecond)
 	}
 	cancel()
@@ -127,17 +126,17 @@ func TestConnCacheCancelWhileConnecting(t *testing.T) {
 		t.Fatalf("get: %v; want context.Canceled", err)
 	}
 	close(f.gate) // the connect finishes for nobody: cached, idle
-	for c.stats().Connecting > 0 {
+	for c.Stats().Connecting > 0 {
 		time.Sleep(time.Millisecond)
 	}
-	if s := c.stats(); s.Conns != 1 || s.Refs != 0 {
+	if s := c.Stats(); s.Conns != 1 || s.Refs != 0 {
 		t.Errorf("stats = %+v", s)
 	}
-	cc, err := c.get(context.Background(), params)
+	cc, err := c.Get(context.Background(), params)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.release(cc)
+	c.Release(cc)
 	if f.connects.Load() != 1 {
 		t.Errorf("%d connects; want 1", f.connects.Load())
 	}
@@ -149,15 +148,15 @@ func TestConnCacheCloseWhileConnecting(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() {
-		_, _ = c.get(ctx, params)
+		_, _ = c.Get(ctx, params)
 	}()
-	for c.stats().Refs < 1 {
+	for c.Stats().Refs < 1 {
 		time.Sleep(time.Millisecond)
 	}
 	cancel()
 	closed := make(chan struct{})
 	go func() {
-		c.close()
+		c.Close()
 		close(closed)
 	}()
 	select {
@@ -175,15 +174,15 @@ func TestConnCacheCloseWhileConnecting(t *testing.T) {
 func TestConnCacheHeldOverClose(t *testing.T) {
 	f := &fakeConnector{}
 	c := newTestCache(t, f, time.Hour)
-	cc, err := c.get(context.Background(), params)
+	cc, err := c.Get(context.Background(), params)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.close()
+	c.Close()
 	if f.shut.Load() != 0 {
 		t.Fatal("close shut down a connection in use")
 	}
-	c.release(cc)
+	c.Release(cc)
 	if f.shut.Load() != 1 {
 		t.Errorf("%d shutdowns after the last release; want 1", f.shut.Load())
 	}
@@ -194,14 +193,14 @@ func TestConnCacheFailure(t *testing.T) {
 	f := &fakeConnector{fail: boom}
 	c := newTestCache(t, f, time.Hour)
 	for range 2 {
-		if _, err := c.get(context.Background(), params); !errors.Is(err, boom) {
+		if _, err := c.Get(context.Background(), params); !errors.Is(err, boom) {
 			t.Fatalf("get: %v; want boom", err)
 		}
 	}
 	if f.connects.Load() != 2 {
 		t.Errorf("%d connects; a failure must not be cached", f.connects.Load())
 	}
-	if s := c.stats(); s != (Stats{}) {
+	if s := c.Stats(); s != (Stats{}) {
 		t.Errorf("stats = %+v", s)
 	}
 }
@@ -209,7 +208,7 @@ func TestConnCacheFailure(t *testing.T) {
 func TestConnCacheIdle(t *testing.T) {
 	f := &fakeConnector{}
 	c := newTestCache(t, f, 30*time.Millisecond)
-	cc, err := c.get(context.Background(), params)
+	cc, err := c.Get(context.Background(), params)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,12 +216,12 @@ func TestConnCacheIdle(t *testing.T) {
 	if f.shut.Load() != 0 {
 		t.Fatal("a connection in use was reaped")
 	}
-	c.release(cc)
+	c.Release(cc)
 	deadline := time.Now().Add(5 * time.Second)
 	for f.shut.Load() == 0 && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}
-	if s := c.stats(); f.shut.Load() != 1 || s.Conns != 0 {
+	if s := c.Stats(); f.shut.Load() != 1 || s.Conns != 0 {
 		t.Errorf("after idle: %d shutdowns, stats %+v", f.shut.Load(), s)
 	}
 }
@@ -232,24 +231,24 @@ func TestConnCacheIdle(t *testing.T) {
 func TestConnCacheDiscard(t *testing.T) {
 	f := &fakeConnector{}
 	c := newTestCache(t, f, time.Hour)
-	old, err := c.get(context.Background(), params)
+	old, err := c.Get(context.Background(), params)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.discard(old)
-	fresh, err := c.get(context.Background(), params)
+	c.Discard(old)
+	fresh, err := c.Get(context.Background(), params)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if fresh == old || f.connects.Load() != 2 {
 		t.Fatalf("after discard: same connection %v, %d connects", fresh == old, f.connects.Load())
 	}
-	c.release(old)
+	c.Release(old)
 	if f.shut.Load() != 1 {
 		t.Errorf("the discarded connection was not shut down at its last release")
 	}
-	c.release(fresh)
-	if s := c.stats(); s.Conns != 1 || s.Refs != 0 || f.shut.Load() != 1 {
+	c.Release(fresh)
+	if s := c.Stats(); s.Conns != 1 || s.Refs != 0 || f.shut.Load() != 1 {
 		t.Errorf("stats %+v, %d shutdowns; want the fresh one cached", s, f.shut.Load())
 	}
 }
@@ -258,45 +257,53 @@ func TestConnCacheDiscard(t *testing.T) {
 // past its maximum age; the stream that holds it keeps it, and it is shut
 // down at its last release.
 func TestConnCacheMaxAge(t *testing.T) {
+	const maxAge = 50 * time.Millisecond
 	f := &fakeConnector{}
-	c := newTestCacheAged(t, f, time.Hour, 50*time.Millisecond)
-	held, err := c.get(context.Background(), params)
+	c := newTestCacheAged(t, f, time.Hour, maxAge)
+	held, err := c.Get(context.Background(), params)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Busy: always at least one reference, never idle.
-	for time.Since(held.born) < 50*time.Millisecond {
-		cc, err := c.get(context.Background(), params)
+	// Busy: always at least one reference, never idle. Get looks at held's
+	// age some time between before and after: it must hand out held when
+	// after is short of maxAge, and a fresh one when before is past it.
+	var fresh *Conn
+	for fresh == nil {
+		before := time.Since(held.born)
+		cc, err := c.Get(context.Background(), params)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if cc != held {
+		after := time.Since(held.born)
+		switch {
+		case cc != held && after < maxAge:
 			t.Fatal("a second connection before the first one's maximum age")
+		case cc == held && before >= maxAge:
+			t.Fatalf("past its maximum age (%v): same connection", before)
+		case cc != held:
+			fresh = cc
+		default:
+			c.Release(cc)
+			time.Sleep(5 * time.Millisecond)
 		}
-		c.release(cc)
-		time.Sleep(5 * time.Millisecond)
 	}
-	fresh, err := c.get(context.Background(), params)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if fresh == held || f.connects.Load() != 2 {
-		t.Fatalf("past its maximum age: same connection %v, %d connects", fresh == held, f.connects.Load())
+	if f.connects.Load() != 2 {
+		t.Fatalf("past its maximum age: %d connects, want 2", f.connects.Load())
 	}
 	if f.shut.Load() != 0 {
 		t.Fatal("a connection still held was shut down")
 	}
-	c.release(held)
+	c.Release(held)
 	if f.shut.Load() != 1 {
 		t.Errorf("the old connection was not shut down at its last release")
 	}
-	c.release(fresh)
+	c.Release(fresh)
 	// Unused and past its age: the janitor shuts it down.
 	deadline := time.Now().Add(5 * time.Second)
 	for f.shut.Load() < 2 && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}
-	if s := c.stats(); f.shut.Load() != 2 || s.Conns != 0 {
+	if s := c.Stats(); f.shut.Load() != 2 || s.Conns != 0 {
 		t.Errorf("an unused connection past its age: %d shutdowns, stats %+v", f.shut.Load(), s)
 	}
 }
@@ -312,9 +319,9 @@ func TestConnCacheBoundsConnects(t *testing.T) {
 	errs := make(chan error, n)
 	for i := range n {
 		p := params
-		p.key = string(rune('a' + i))
+		p.Key = string(rune('a' + i))
 		go func() {
-			_, err := c.get(context.Background(), p)
+			_, err := c.Get(context.Background(), p)
 			errs <- err
 		}()
 	}
@@ -330,8 +337,8 @@ func TestConnCacheBoundsConnects(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	p := params
-	p.key = "waiting"
-	if _, err := c.get(ctx, p); !errors.Is(err, context.DeadlineExceeded) {
+	p.Key = "waiting"
+	if _, err := c.Get(ctx, p); !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("get waiting for a turn: %v, want its context's error", err)
 	}
 	close(f.gate)
@@ -343,27 +350,7 @@ func TestConnCacheBoundsConnects(t *testing.T) {
 	if got := f.connects.Load(); got != n {
 		t.Errorf("%d connects, want %d", got, n)
 	}
-	if s := c.stats(); s.Conns != 0 || s.Refs != 0 {
+	if s := c.Stats(); s.Conns != 0 || s.Refs != 0 {
 		t.Errorf("stats after failed connects: %+v", s)
-	}
-}
-
-// TestKeyTrouble: a key librados refuses with EINVAL is explained by its
-// type, and never quoted.
-func TestKeyTrouble(t *testing.T) {
-	for _, tc := range []struct{ key, want string }{
-		{"AQAY8A5rW8adERAAomp1b3NoV+RmNC+KhpczOA==", ""},                            // reef's ceph-authtool
-		{"AgAa8A5rtvaDEyAA3tetUzql166We1DQGmG5MOMnkpH80lLjnkaU2uwtA3k=", "aes256k"}, // tentacle's
-		{"BwAa8A5rtvaDEyAA", "type 7"},
-		{"not base64!", "not a base64 cephx key"},
-		{"", "not a base64 cephx key"},
-	} {
-		got := keyTrouble(tc.key)
-		if (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
-			t.Errorf("keyTrouble(%q) = %q, want %q", tc.key, got, tc.want)
-		}
-		if tc.key != "" && strings.Contains(got, tc.key) {
-			t.Errorf("keyTrouble quotes the key: %q", got)
-		}
 	}
 }

@@ -1,10 +1,11 @@
-package rbd
+package conn
 
 import (
 	"context"
 	"encoding/base64"
 	"encoding/binary"
 	"fmt"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd/internal/cepherr"
 	"io/fs"
 	"os"
 	"strconv"
@@ -16,53 +17,53 @@ import (
 	"github.com/ceph/go-ceph/rados"
 )
 
-// timeouts are the librados timeouts of a connection.
-type timeouts struct {
-	mount time.Duration // client_mount_timeout: to get a monitor session
-	op    time.Duration // rados_mon_op_timeout and rados_osd_op_timeout
+// Timeouts are the librados timeouts of a connection.
+type Timeouts struct {
+	Mount time.Duration // client_mount_timeout: to get a monitor session
+	Op    time.Duration // rados_mon_op_timeout and rados_osd_op_timeout
 }
 
 // connector returns the function that makes a new cluster connection.
-func (t timeouts) connector() func(connParams) (*rados.Conn, error) {
-	return func(p connParams) (*rados.Conn, error) { return connect(p, t) }
+func (t Timeouts) connector() func(Params) (*rados.Conn, error) {
+	return func(p Params) (*rados.Conn, error) { return connect(p, t) }
 }
 
-// connect makes a cluster connection as p.user, configured without any
+// connect makes a cluster connection as p.User, configured without any
 // ceph.conf or keyring file. A refused login (wrong key, unknown user) is
-// an authError; a login that times out, whether the monitors are
+// refused (cepherr.Refused); a login that times out, whether the monitors are
 // unreachable or accept connections but give no session (no quorum, a
 // hung monitor), is os.ErrDeadlineExceeded. Ambiguous monitor addresses
 // are typed first (typeMonHost), so that a refused login is told apart in
 // milliseconds rather than as a timeout.
 //
 // Implements (through go-ceph): rados_create, rados_conf_set, rados_connect.
-func connect(p connParams, t timeouts) (*rados.Conn, error) {
+func connect(p Params, t Timeouts) (*rados.Conn, error) {
 	// Errors never name the user: it comes from the request's secrets,
 	// and errors reach the client.
-	conn, err := rados.NewConnWithUser(p.user)
+	conn, err := rados.NewConnWithUser(p.User)
 	if err != nil {
-		return nil, wrap("create cluster handle for the request's cephx user", err)
+		return nil, cepherr.Wrap("create cluster handle for the request's cephx user", err)
 	}
 	// A handle that never connected cannot be shut down through go-ceph:
 	// shutdownUnconnected frees it, and its threads, at once.
 	for _, o := range []struct{ name, value string }{
-		{"mon_host", typeMonHost(context.Background(), p.monHost, min(dialTimeout, t.mount))},
-		{"key", p.key},
+		{"mon_host", typeMonHost(context.Background(), p.MonHost, min(dialTimeout, t.Mount))},
+		{"key", p.Key},
 		{"keyring", "/dev/null"},
-		{"client_mount_timeout", seconds(t.mount)},
-		{"rados_mon_op_timeout", seconds(t.op)},
-		{"rados_osd_op_timeout", seconds(t.op)},
+		{"client_mount_timeout", seconds(t.Mount)},
+		{"rados_mon_op_timeout", seconds(t.Op)},
+		{"rados_osd_op_timeout", seconds(t.Op)},
 		// A library does not log: errors are returned, classified. These
 		// apply once connected; before that librados writes to std::cerr,
-		// which the package silences for every connection when it loads
-		// (the init in precise_rados.go, rsm_silence_cerr in radospp.cpp).
+		// which this package silences for every connection when it loads
+		// (the init in cerr.go, rsm_silence_cerr in cerr.cpp).
 		{"log_to_stderr", "false"},
 		{"err_to_stderr", "false"},
 	} {
 		if err := conn.SetConfigOption(o.name, o.value); err != nil {
 			shutdownUnconnected(conn)
 			// Only the option's name: the value may be the key.
-			return nil, wrap("set librados option "+o.name, err)
+			return nil, cepherr.Wrap("set librados option "+o.name, err)
 		}
 	}
 	if err := conn.Connect(); err != nil {
@@ -73,27 +74,27 @@ func connect(p connParams, t timeouts) (*rados.Conn, error) {
 }
 
 // connectError classifies a failed rados_connect.
-func connectError(p connParams, t timeouts, err error) error {
+func connectError(p Params, t Timeouts, err error) error {
 	// Not the user's name: it comes from the request's secrets.
-	what := "connect to monitors " + p.monHost
-	n := errnoOf(err)
+	what := "connect to monitors " + p.MonHost
+	n := cepherr.Errno(err)
 	switch syscall.Errno(n) {
 	case syscall.EACCES, syscall.EPERM:
-		return fmt.Errorf("%s: %w", what, authError{&cephError{errno: n, kind: fs.ErrPermission, err: err}})
+		return fmt.Errorf("%s: %w", what, cepherr.Refused(err))
 	case syscall.EINVAL, syscall.EOPNOTSUPP: // reef, tentacle
-		if why := keyTrouble(p.key); why != "" {
-			return fmt.Errorf("%s: %s: %w", what, why, &cephError{errno: n, kind: fs.ErrInvalid, err: err})
+		if why := keyTrouble(p.Key); why != "" {
+			return fmt.Errorf("%s: %s: %w", what, why, cepherr.As(fs.ErrInvalid, err))
 		}
 	case syscall.ETIMEDOUT:
-		if reachable(p.dial, dialTimeout) {
+		if reachable(p.Dial, dialTimeout) {
 			return fmt.Errorf("%s: the monitors accept connections but gave no session within %s "+
 				"(no quorum, or a monitor that does not answer); try again later: %w",
-				what, t.mount, &cephError{errno: n, kind: os.ErrDeadlineExceeded, err: err})
+				what, t.Mount, cepherr.As(os.ErrDeadlineExceeded, err))
 		}
 		return fmt.Errorf("%s: monitors %v unreachable: %w",
-			what, p.dial, &cephError{errno: n, kind: os.ErrDeadlineExceeded, err: err})
+			what, p.Dial, cepherr.As(os.ErrDeadlineExceeded, err))
 	}
-	return wrap(what, err)
+	return cepherr.Wrap(what, err)
 }
 
 // keyTrouble says why librados may have refused key (reef with EINVAL,

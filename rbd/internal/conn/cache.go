@@ -1,4 +1,4 @@
-package rbd
+package conn
 
 import (
 	"context"
@@ -10,37 +10,39 @@ import (
 	"github.com/ceph/go-ceph/rados"
 )
 
-// connParams is what a connection is made from.
-type connParams struct {
-	monHost string   // librados mon_host
-	dial    []string // the monitors' TCP addresses, for diagnosis
-	user    string   // cephx user without "client."
-	key     string   // cephx key; never in an error or a log
+// Params is what a connection is made from. MonHost and Dial come from
+// MonHost; User and Key from the request's secrets.
+type Params struct {
+	MonHost string   // librados mon_host, the monitors as configured
+	Dial    []string // the monitors' TCP addresses, for diagnosis
+	User    string   // cephx user without "client."; never in an error
+	Key     string   // cephx key; never in an error, a log or the cache's keys
 }
 
-// connKey identifies a cached connection. It holds a hash of the key, so
+// cacheKey identifies a cached connection. It holds a hash of the key, so
 // that the cache holds the key itself only inside librados.
-type connKey struct {
+type cacheKey struct {
 	monHost string
 	user    string
 	keySum  [sha256.Size]byte
 }
 
-func (p connParams) cacheKey() connKey {
-	return connKey{monHost: p.monHost, user: p.user, keySum: sha256.Sum256([]byte(p.key))}
+func (p Params) cacheKey() cacheKey {
+	return cacheKey{monHost: p.MonHost, user: p.User, keySum: sha256.Sum256([]byte(p.Key))}
 }
 
-// cachedConn is one cluster connection, shared by every Diff that uses the
-// same monitors and credentials.
-type cachedConn struct {
-	key   connKey
+// Conn is one cached cluster connection, shared by every user (rbd's
+// Diffs) of the same monitors and credentials. Cache.Get hands out a reference to
+// it, which Cache.Release returns.
+type Conn struct {
+	key   cacheKey
 	ready chan struct{} // closed when the connect attempt has returned
 
 	// Set before ready is closed, then never changed.
 	conn *rados.Conn // nil when the connect failed
 	err  error
 
-	// Guarded by connCache.mu.
+	// Guarded by Cache.mu.
 	refs      int       // Opens waiting for it plus open Diffs
 	idleSince time.Time // when refs last dropped to 0
 	born      time.Time // when it connected
@@ -51,29 +53,29 @@ type cachedConn struct {
 // client_mount_timeout; eight serve a cold start of many users quickly.
 const maxConnecting = 8
 
-// errCacheClosed is returned by get after close.
-var errCacheClosed = errors.New("rbd source is closed")
+// errClosed is returned by Get after Close.
+var errClosed = errors.New("rbd source is closed")
 
-// connCache shares cluster connections between Diffs. Connections are
-// reference-counted: get takes a reference, release drops it. A connection
+// Cache shares cluster connections between their users (rbd's Diffs). Connections are
+// reference-counted: Get takes a reference, Release drops it. A connection
 // that nobody has used for the idle time is shut down by a janitor
-// goroutine, and close shuts down every connection once it is released.
+// goroutine, and Close shuts down every connection once it is released.
 //
-// No get returns a connection older than maxAge, however busy it is: a
+// No Get returns a connection older than maxAge, however busy it is: a
 // cephx key that was revoked or replaced keeps working on a live session,
 // so a connection that lived forever would keep serving requests that carry
 // the old key. Streams that hold an older connection keep it until they end.
 //
-// Concurrent gets of the same key share one connect attempt (singleflight):
-// it runs in its own goroutine, so that a get can return when its context
+// Concurrent Gets of the same key share one connect attempt (singleflight):
+// it runs in its own goroutine, so that a Get can return when its context
 // is done while the attempt goes on. A connection made for nobody stays
-// cached, idle. A failed attempt is forgotten: the next get tries again.
+// cached, idle. A failed attempt is forgotten: the next Get tries again.
 //
-// Invariant: a cachedConn is in conns while it connects or is usable. Who
+// Invariant: a Conn is in conns while it connects or is usable. Who
 // removes a connected one with refs == 0 shuts it down; when it leaves with
-// refs > 0 (on close), the last release shuts it down.
-type connCache struct {
-	connect  func(connParams) (*rados.Conn, error)
+// refs > 0 (on Close), the last Release shuts it down.
+type Cache struct {
+	connect  func(Params) (*rados.Conn, error)
 	shutdown func(*rados.Conn) // (*rados.Conn).Shutdown; tests count calls
 	idle     time.Duration
 	maxAge   time.Duration
@@ -81,26 +83,32 @@ type connCache struct {
 	// dialing holds a token per connect attempt in flight: at most
 	// maxConnecting at once, so that a burst of requests with distinct
 	// (bad) credentials cannot pile up librados handles and their
-	// threads. A get waits for a token as long as its context lets it.
+	// threads. A Get waits for a token as long as its context lets it.
 	dialing chan struct{}
 
 	mu     sync.Mutex
-	conns  map[connKey]*cachedConn
+	conns  map[cacheKey]*Conn
 	closed bool
 
-	stop chan struct{}  // closed by close, stops the janitor
+	stop chan struct{}  // closed by Close, stops the janitor
 	wg   sync.WaitGroup // the janitor and connect goroutines
 }
 
-// newConnCache starts a cache and its janitor; close stops it.
-func newConnCache(connect func(connParams) (*rados.Conn, error), idle, maxAge time.Duration) *connCache {
-	c := &connCache{
+// NewCache starts a cache of connections made with the timeouts t, and
+// its janitor; Close stops it. idle and maxAge are as Cache says.
+func NewCache(t Timeouts, idle, maxAge time.Duration) *Cache {
+	return newCache(t.connector(), idle, maxAge)
+}
+
+// newCache starts a cache whose connections connect makes.
+func newCache(connect func(Params) (*rados.Conn, error), idle, maxAge time.Duration) *Cache {
+	c := &Cache{
 		connect:  connect,
 		shutdown: (*rados.Conn).Shutdown,
 		idle:     idle,
 		maxAge:   maxAge,
 		dialing:  make(chan struct{}, maxConnecting),
-		conns:    make(map[connKey]*cachedConn),
+		conns:    make(map[cacheKey]*Conn),
 		stop:     make(chan struct{}),
 	}
 	c.wg.Add(1)
@@ -108,10 +116,10 @@ func newConnCache(connect func(connParams) (*rados.Conn, error), idle, maxAge ti
 	return c
 }
 
-// get returns a connected connection for p and takes a reference to it,
-// which the caller must release. It returns ctx's error when ctx is done
+// Get returns a connected connection for p and takes a reference to it,
+// which the caller must Release. It returns ctx's error when ctx is done
 // before the connection is made.
-func (c *connCache) get(ctx context.Context, p connParams) (*cachedConn, error) {
+func (c *Cache) Get(ctx context.Context, p Params) (*Conn, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -119,7 +127,7 @@ func (c *connCache) get(ctx context.Context, p connParams) (*cachedConn, error) 
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		return nil, errCacheClosed
+		return nil, errClosed
 	}
 	cc := c.conns[k]
 	var old *rados.Conn // too old and unused: shut down below
@@ -146,12 +154,12 @@ func (c *connCache) get(ctx context.Context, p connParams) (*cachedConn, error) 
 		if c.closed {
 			c.mu.Unlock()
 			<-c.dialing
-			return nil, errCacheClosed
+			return nil, errClosed
 		}
 		if cc = c.conns[k]; cc != nil {
-			<-c.dialing // another get started it meanwhile
+			<-c.dialing // another Get started it meanwhile
 		} else {
-			cc = &cachedConn{key: k, ready: make(chan struct{})}
+			cc = &Conn{key: k, ready: make(chan struct{})}
 			c.conns[k] = cc
 			c.wg.Add(1)
 			go c.dial(cc, p) // gives the token back
@@ -163,18 +171,18 @@ func (c *connCache) get(ctx context.Context, p connParams) (*cachedConn, error) 
 	select {
 	case <-cc.ready:
 	case <-ctx.Done():
-		c.release(cc)
+		c.Release(cc)
 		return nil, ctx.Err()
 	}
 	if cc.err != nil {
-		c.release(cc)
+		c.Release(cc)
 		return nil, cc.err
 	}
 	return cc, nil
 }
 
 // dial runs one connect attempt for cc, holding a token of c.dialing.
-func (c *connCache) dial(cc *cachedConn, p connParams) {
+func (c *Cache) dial(cc *Conn, p Params) {
 	defer c.wg.Done()
 	conn, err := c.connect(p)
 	<-c.dialing
@@ -187,7 +195,7 @@ func (c *connCache) dial(cc *cachedConn, p connParams) {
 	if err != nil && cached {
 		delete(c.conns, cc.key)
 	}
-	shut := err == nil && !cached && cc.refs == 0 // removed by close meanwhile
+	shut := err == nil && !cached && cc.refs == 0 // removed by Close meanwhile
 	close(cc.ready)
 	c.mu.Unlock()
 
@@ -196,8 +204,8 @@ func (c *connCache) dial(cc *cachedConn, p connParams) {
 	}
 }
 
-// release drops a reference taken by get.
-func (c *connCache) release(cc *cachedConn) {
+// Release drops a reference taken by Get.
+func (c *Cache) Release(cc *Conn) {
 	c.mu.Lock()
 	cc.refs--
 	if cc.refs > 0 {
@@ -213,10 +221,14 @@ func (c *connCache) release(cc *cachedConn) {
 	}
 }
 
-// discard stops sharing cc: the next get connects anew, and cc is shut
-// down at its last release. After an OSD or monitor outage, a connection
+// Rados returns the librados connection. It is valid until cc's last
+// reference is released.
+func (cc *Conn) Rados() *rados.Conn { return cc.conn }
+
+// Discard stops sharing cc: the next Get connects anew, and cc is shut
+// down at its last Release. After an OSD or monitor outage, a connection
 // can keep timing out long after a new one would work.
-func (c *connCache) discard(cc *cachedConn) {
+func (c *Cache) Discard(cc *Conn) {
 	c.mu.Lock()
 	if c.conns[cc.key] == cc {
 		delete(c.conns, cc.key)
@@ -230,7 +242,7 @@ func (c *connCache) discard(cc *cachedConn) {
 
 // janitor shuts down connections idle for longer than c.idle, and unused
 // ones older than c.maxAge.
-func (c *connCache) janitor() {
+func (c *Cache) janitor() {
 	defer c.wg.Done()
 	tick := min(max(min(c.idle, c.maxAge)/4, 10*time.Millisecond), time.Minute)
 	t := time.NewTicker(tick)
@@ -247,7 +259,7 @@ func (c *connCache) janitor() {
 
 // reap shuts down the unused connections idle since before now-c.idle or
 // born before now-c.maxAge.
-func (c *connCache) reap(now time.Time) {
+func (c *Cache) reap(now time.Time) {
 	var shut []*rados.Conn
 	c.mu.Lock()
 	for k, cc := range c.conns {
@@ -262,10 +274,10 @@ func (c *connCache) reap(now time.Time) {
 	}
 }
 
-// close shuts down the idle connections at once, and the others as they are
+// Close shuts down the idle connections at once, and the others as they are
 // released or finish connecting. It waits for the janitor and for connect
 // attempts in flight (at most about client_mount_timeout).
-func (c *connCache) close() {
+func (c *Cache) Close() {
 	var shut []*rados.Conn
 	c.mu.Lock()
 	if c.closed {
@@ -288,7 +300,7 @@ func (c *connCache) close() {
 	c.wg.Wait()
 }
 
-// Stats counts a Source's cluster connections.
+// Stats counts a Cache's connections.
 type Stats struct {
 	// Conns is the number of cached connections, connected or connecting.
 	Conns int
@@ -299,7 +311,8 @@ type Stats struct {
 	Refs int
 }
 
-func (c *connCache) stats() Stats {
+// Stats counts the cached connections now.
+func (c *Cache) Stats() Stats {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var s Stats

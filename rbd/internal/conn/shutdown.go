@@ -1,4 +1,4 @@
-package rbd
+package conn
 
 /*
 #cgo LDFLAGS: -lrados

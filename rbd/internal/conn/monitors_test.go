@@ -1,4 +1,4 @@
-package rbd
+package conn
 
 import (
 	"context"
@@ -38,22 +38,22 @@ func TestMonHost(t *testing.T) {
 		{in: []string{"[v2:1.2.3.4:3300,1.2.3.4:6789]"}, wantFail: true},
 		{in: []string{"1.2.3.4:6789;x"}, wantFail: true},
 	} {
-		host, dial, err := monHost(tc.in)
+		host, dial, err := MonHost(tc.in)
 		if tc.wantFail {
 			if err == nil {
-				t.Errorf("monHost(%q) = %q; want an error", tc.in, host)
+				t.Errorf("MonHost(%q) = %q; want an error", tc.in, host)
 			}
 			continue
 		}
 		if err != nil {
-			t.Errorf("monHost(%q): %v", tc.in, err)
+			t.Errorf("MonHost(%q): %v", tc.in, err)
 			continue
 		}
 		if host != tc.host {
-			t.Errorf("monHost(%q) = %q; want %q", tc.in, host, tc.host)
+			t.Errorf("MonHost(%q) = %q; want %q", tc.in, host, tc.host)
 		}
 		if diff := cmp.Diff(tc.dial, dial); diff != "" {
-			t.Errorf("monHost(%q) dial addresses (-want +got):\n%s", tc.in, diff)
+			t.Errorf("MonHost(%q) dial addresses (-want +got):\n%s", tc.in, diff)
 		}
 	}
 }

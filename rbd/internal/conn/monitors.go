@@ -1,4 +1,4 @@
-package rbd
+package conn
 
 import (
 	"context"
@@ -43,11 +43,11 @@ const (
 	monPortV2 = "3300" // CEPH_MON_PORT_IANA
 )
 
-// monHost checks Ceph-CSI's monitor list and returns it as one mon_host
+// MonHost checks Ceph-CSI's monitor list and returns it as one mon_host
 // value, entries as written (the cache key of connections), and the TCP
 // addresses (host:port) that the monitors listen on, for telling an
 // unreachable monitor from a refused login.
-func monHost(monitors []string) (host string, dial []string, err error) {
+func MonHost(monitors []string) (host string, dial []string, err error) {
 	var parts []string
 	for _, m := range monitors {
 		for _, e := range splitMonHost(m) {
