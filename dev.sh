@@ -51,7 +51,7 @@ lint() {
 	bad=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
 	[ -z "$bad" ] || { echo "dev: gofmt would change: $bad" >&2; return 1; }
 	go vet -tags "$TAGS" ./...
-	go vet -tags "$TAGS,e2e" ./e2e/
+	go vet -tags "$TAGS,e2e" ./e2e/...
 }
 
 unit() {

@@ -4,7 +4,11 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -165,4 +169,82 @@ func TestE2EIndex(t *testing.T) {
 	for name := range indexed {
 		t.Errorf("e2e/doc.go's index lists %s, which does not exist", name)
 	}
+}
+
+// maxFuncLines is the longest a function of the product code may be
+// (issue 21): past it, a function is split into named steps. maxFileLines
+// is the longest a file may be: past it, a file holds more than one room.
+const (
+	maxFuncLines = 80
+	maxFileLines = 600
+)
+
+// TestFunctionLength checks that no function or method of the product
+// code (non-test .go files outside e2e/) runs over maxFuncLines lines,
+// counted from its func line to its closing brace, doc comment aside, and
+// that no such file runs over maxFileLines.
+func TestFunctionLength(t *testing.T) {
+	fset := token.NewFileSet()
+	checked := 0
+	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			switch path {
+			case ".git", "e2e":
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
+		if err != nil {
+			return err
+		}
+		checked++
+		if n := fset.Position(f.FileEnd).Line; n > maxFileLines {
+			t.Errorf("%s is %d lines, over %d", path, n, maxFileLines)
+		}
+		for _, decl := range f.Decls {
+			fn, ok := decl.(*ast.FuncDecl)
+			if !ok {
+				continue
+			}
+			first, last := fset.Position(fn.Pos()).Line, fset.Position(fn.End()).Line
+			if n := last - first + 1; n > maxFuncLines {
+				t.Errorf("%s:%d: %s is %d lines, over %d: split it into named steps", path, first, funcName(fn), n, maxFuncLines)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if checked == 0 {
+		t.Fatal("no product .go files found")
+	}
+}
+
+// funcName names a function as a reader would: Type.Method or func.
+func funcName(fn *ast.FuncDecl) string {
+	if fn.Recv == nil || len(fn.Recv.List) == 0 {
+		return fn.Name.Name
+	}
+	typ := fn.Recv.List[0].Type
+	if s, ok := typ.(*ast.StarExpr); ok {
+		typ = s.X
+	}
+	if g, ok := typ.(*ast.IndexExpr); ok {
+		typ = g.X
+	}
+	if g, ok := typ.(*ast.IndexListExpr); ok {
+		typ = g.X
+	}
+	if id, ok := typ.(*ast.Ident); ok {
+		return id.Name + "." + fn.Name.Name
+	}
+	return fn.Name.Name
 }

@@ -904,7 +904,8 @@ func find[T any](list []T, ok func(T) bool) *T {
 func serverFlags(t *testing.T) map[string]bool {
 	t.Helper()
 	files, _ := filepath.Glob("../cmd/rbd-snapshot-metadata/*.go")
-	def := regexp.MustCompile(`fs\.(?:String|Bool|Int|Int64|Uint|Uint64|Float64|Duration|Var|Func)\(\s*(?:[^,"]+,\s*)?"([a-z0-9-]+)"`)
+	// fs.String("name", ...) and fs.StringVar(&f.name, "name", ...) alike.
+	def := regexp.MustCompile(`fs\.(?:(?:String|Bool|Int|Int64|Uint|Uint64|Float64|Duration)(?:Var)?|Var|Func)\(\s*(?:[^,"]+,\s*)?"([a-z0-9-]+)"`)
 	known := map[string]bool{"v": true, "vmodule": true, "logtostderr": true}
 	for _, f := range files {
 		if strings.HasSuffix(f, "_test.go") {

@@ -50,6 +50,7 @@ import (
 	"github.com/ceph/go-ceph/rbd"
 
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/client"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/harness"
 )
 
 // benchScale sizes one benchmark run.
@@ -100,18 +101,18 @@ type benchRun struct {
 	first   time.Duration // to the first extent (a) or page (c); 0 if unknown
 	extents int64
 	bytes   int64
-	tuples  []span        // only when asked to collect
-	cpu     time.Duration // CPU time of the test process (a, c) or of rbd (b)
+	tuples  []harness.Span // only when asked to collect
+	cpu     time.Duration  // CPU time of the test process (a, c) or of rbd (b)
 }
 
 // benchMode is one way of getting the same answer.
 type benchMode struct {
 	name string
-	srv  *rsmServer // (c) only: its VmHWM is the peak RSS
+	srv  *harness.Server // (c) only: its VmHWM is the peak RSS
 	// run does one run; collect asks for the tuples too.
 	run func(t testing.TB, collect bool) benchRun
 	// want turns (a)'s extents into what this mode must return.
-	want func(ref []span) []span
+	want func(ref []harness.Span) []harness.Span
 
 	runs    []benchRun
 	rssKiB  int64         // VmRSS before the timed runs
@@ -159,14 +160,14 @@ func (r *benchReport) printf(format string, args ...any) { fmt.Fprintf(&r.b, for
 // benchStriped is stripedMillion with a chosen size: sets one-byte writes
 // to an image with fancy striping (4 KiB units over 2 objects) make a Delta
 // of sets*1024 extents of 4 KiB, 8 KiB apart.
-func benchStriped(t testing.TB, conn *rados.Conn, sets uint64) (v rbdVolume, from, to uint64) {
+func benchStriped(t testing.TB, conn *rados.Conn, sets uint64) (v harness.RbdVolume, from, to uint64) {
 	t.Helper()
 	const (
 		unit  = 4 << 10
 		count = 2
-		set   = count * objSize
+		set   = count * harness.ObjSize
 	)
-	v, img := createVolume(t, conn, "", "bench-striped", sets*set, rbd.FeatureLayering|rbd.FeatureStripingV2, func(o *rbd.ImageOptions) {
+	v, img := harness.CreateVolume(t, conn, "", "bench-striped", sets*set, rbd.FeatureLayering|rbd.FeatureStripingV2, func(o *rbd.ImageOptions) {
 		if err := o.SetUint64(rbd.ImageOptionStripeUnit, unit); err != nil {
 			t.Fatal(err)
 		}
@@ -174,14 +175,14 @@ func benchStriped(t testing.TB, conn *rados.Conn, sets uint64) (v rbdVolume, fro
 			t.Fatal(err)
 		}
 	})
-	from = snapshot(t, img, "s1")
-	lastUnit := uint64(objSize/unit-1) * count * unit
+	from = harness.Snapshot(t, img, "s1")
+	lastUnit := uint64(harness.ObjSize/unit-1) * count * unit
 	for s := uint64(0); s < sets; s++ {
 		if _, err := img.WriteAt([]byte{1}, int64(s*set+lastUnit+unit-1)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	to = snapshot(t, img, "s2")
+	to = harness.Snapshot(t, img, "s2")
 	return v, from, to
 }
 
@@ -189,30 +190,30 @@ func benchStriped(t testing.TB, conn *rados.Conn, sets uint64) (v rbdVolume, fro
 // (fast-diff) and writes 4 KiB at a random 4 KiB block of `writes` random
 // objects before each of its snapshots s1 and s2, through rbd import-diff.
 // It returns the bytes that changed from s1 to s2.
-func benchSparse(t testing.TB, conn *rados.Conn, size uint64, writes int) (v rbdVolume, from, to uint64, truth []span) {
-	return benchSparseWith(t, conn, size, writes, imageFeatures)
+func benchSparse(t testing.TB, conn *rados.Conn, size uint64, writes int) (v harness.RbdVolume, from, to uint64, truth []harness.Span) {
+	return benchSparseWith(t, conn, size, writes, harness.ImageFeatures)
 }
 
 // benchSparseWith is benchSparse on an image with the given features.
-func benchSparseWith(t testing.TB, conn *rados.Conn, size uint64, writes int, features uint64) (v rbdVolume, from, to uint64, truth []span) {
+func benchSparseWith(t testing.TB, conn *rados.Conn, size uint64, writes int, features uint64) (v harness.RbdVolume, from, to uint64, truth []harness.Span) {
 	t.Helper()
 	var img *rbd.Image
 	if features&rbd.FeatureObjectMap == 0 && size > 1<<40 {
 		// Without an object map, removing the image deletes every object
 		// number: over 20 minutes at 10 TiB. The benchmark's cluster is
 		// thrown away afterwards, so the image stays.
-		v = rbdVolume{ioctx: openIOContext(t, conn, pool, ""), name: uniqueName(t, "bench-sparse")}
-		rbdCLI(t, "create", "--no-progress", "--image-feature", "layering", "--size", fmt.Sprintf("%dM", size>>20), v.spec())
-		t.Logf("%s is not removed at the end (%s without an object map)", v.spec(), fmtBytes(int64(size)))
+		v = harness.RbdVolume{IOCtx: harness.OpenIOContext(t, conn, harness.Pool, ""), Name: harness.UniqueName(t, "bench-sparse")}
+		harness.RbdCLI(t, "create", "--no-progress", "--image-feature", "layering", "--size", fmt.Sprintf("%dM", size>>20), v.Spec())
+		t.Logf("%s is not removed at the end (%s without an object map)", v.Spec(), fmtBytes(int64(size)))
 		if features != rbd.FeatureLayering {
 			t.Fatalf("features %#x: only layering-only images are left in place", features)
 		}
 	} else {
-		v, img = createVolume(t, conn, "", "bench-sparse", size, features)
+		v, img = harness.CreateVolume(t, conn, "", "bench-sparse", size, features)
 		img.Close() // rbd import-diff takes the exclusive lock
 	}
 	rng := rand.New(rand.NewPCG(6, 2024))
-	objects := size / objSize
+	objects := size / harness.ObjSize
 	scatter := func() []uint64 {
 		seen := map[uint64]bool{}
 		var offs []uint64
@@ -222,13 +223,13 @@ func benchSparseWith(t testing.TB, conn *rados.Conn, size uint64, writes int, fe
 				continue
 			}
 			seen[o] = true
-			offs = append(offs, o*objSize+rng.Uint64N(objSize/4096)*4096)
+			offs = append(offs, o*harness.ObjSize+rng.Uint64N(harness.ObjSize/4096)*4096)
 		}
 		slices.Sort(offs)
 		return offs
 	}
 	write := func(offs []uint64, fill byte) {
-		importDiff(t, v, func(yield func(uint64) bool) {
+		harness.ImportDiff(t, v, func(yield func(uint64) bool) {
 			for _, o := range offs {
 				if !yield(o) {
 					return
@@ -238,14 +239,14 @@ func benchSparseWith(t testing.TB, conn *rados.Conn, size uint64, writes int, fe
 	}
 	t0 := time.Now()
 	write(scatter(), 0x5a)
-	rbdCLI(t, "snap", "create", "--no-progress", v.spec()+"@s1")
+	harness.RbdCLI(t, "snap", "create", "--no-progress", v.Spec()+"@s1")
 	second := scatter()
 	write(second, 0xa5) // other bytes than s1's, where they meet
-	rbdCLI(t, "snap", "create", "--no-progress", v.spec()+"@s2")
+	harness.RbdCLI(t, "snap", "create", "--no-progress", v.Spec()+"@s2")
 	for _, o := range second {
-		truth = append(truth, span{Offset: int64(o), Length: 4096})
+		truth = append(truth, harness.Span{Offset: int64(o), Length: 4096})
 	}
-	ro, err := rbd.OpenImageReadOnly(v.ioctx, v.name, rbd.NoSnapshot)
+	ro, err := rbd.OpenImageReadOnly(v.IOCtx, v.Name, rbd.NoSnapshot)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,8 +257,8 @@ func benchSparseWith(t testing.TB, conn *rados.Conn, size uint64, writes int, fe
 	if to, err = ro.GetSnapID("s2"); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("sparse image %s: %d GiB, 2 × %d scattered 4 KiB writes in %v", v.spec(), size>>30, writes, time.Since(t0).Round(time.Millisecond))
-	return v, from, to, mergeSpans(truth)
+	t.Logf("sparse image %s: %d GiB, 2 × %d scattered 4 KiB writes in %v", v.Spec(), size>>30, writes, time.Since(t0).Round(time.Millisecond))
+	return v, from, to, harness.MergeSpans(truth)
 }
 
 // --------------------------------------------------------------- the modes --
@@ -265,15 +266,15 @@ func benchSparseWith(t testing.TB, conn *rados.Conn, size uint64, writes int, fe
 // benchLibrbd is (a): open the image read-only at the target snapshot and
 // run one DiffIterateByID from the base, counting extents, as the server
 // does for each request (on an already connected cluster).
-func benchLibrbd(v rbdVolume, from, to uint64, whole bool) func(testing.TB, bool) benchRun {
+func benchLibrbd(v harness.RbdVolume, from, to uint64, whole bool) func(testing.TB, bool) benchRun {
 	return func(t testing.TB, collect bool) benchRun {
 		t.Helper()
 		var r benchRun
 		c0 := selfCPU()
 		t0 := time.Now()
-		img, err := rbd.OpenImageReadOnly(v.ioctx, v.name, rbd.NoSnapshot)
+		img, err := rbd.OpenImageReadOnly(v.IOCtx, v.Name, rbd.NoSnapshot)
 		if err != nil {
-			t.Fatalf("open %s: %v", v.spec(), err)
+			t.Fatalf("open %s: %v", v.Spec(), err)
 		}
 		defer img.Close()
 		if err := img.SetSnapByID(to); err != nil {
@@ -293,7 +294,7 @@ func benchLibrbd(v rbdVolume, from, to uint64, whole bool) func(testing.TB, bool
 				r.extents++
 				r.bytes += int64(length)
 				if collect {
-					r.tuples = append(r.tuples, span{Offset: int64(off), Length: int64(length)})
+					r.tuples = append(r.tuples, harness.Span{Offset: int64(off), Length: int64(length)})
 				}
 				return 0
 			},
@@ -302,7 +303,7 @@ func benchLibrbd(v rbdVolume, from, to uint64, whole bool) func(testing.TB, bool
 			cfg.WholeObject = rbd.EnableWholeObject
 		}
 		if err := img.DiffIterateByID(cfg); err != nil {
-			t.Fatalf("DiffIterateByID %s: %v", v.spec(), err)
+			t.Fatalf("DiffIterateByID %s: %v", v.Spec(), err)
 		}
 		r.total = time.Since(t0)
 		r.cpu = selfCPU() - c0
@@ -312,10 +313,10 @@ func benchLibrbd(v rbdVolume, from, to uint64, whole bool) func(testing.TB, bool
 
 // benchRbdCLI is (b): `rbd diff --format json` in a process of its own,
 // timed until its output is read; the JSON is parsed afterwards.
-func benchRbdCLI(v rbdVolume, whole bool) func(testing.TB, bool) benchRun {
+func benchRbdCLI(v harness.RbdVolume, whole bool) func(testing.TB, bool) benchRun {
 	return func(t testing.TB, collect bool) benchRun {
 		t.Helper()
-		args := []string{"diff", "--from-snap", "s1", v.spec() + "@s2", "--format", "json"}
+		args := []string{"diff", "--from-snap", "s1", v.Spec() + "@s2", "--format", "json"}
 		if whole {
 			args = append(args, "--whole-object")
 		}
@@ -340,7 +341,7 @@ func benchRbdCLI(v rbdVolume, whole bool) func(testing.TB, bool) benchRun {
 			r.extents++
 			r.bytes += e.Length
 			if collect {
-				r.tuples = append(r.tuples, span(e))
+				r.tuples = append(r.tuples, harness.Span(e))
 			}
 		}
 		return r
@@ -349,11 +350,11 @@ func benchRbdCLI(v rbdVolume, whole bool) func(testing.TB, bool) benchRun {
 
 // benchStream is (c): one logical stream through package client, which
 // must end without an error and without a retry.
-func benchStream(t testing.TB, s *rsmServer, req client.Request, collect bool) benchRun {
+func benchStream(t testing.TB, s *harness.Server, req client.Request, collect bool) benchRun {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	c := client.New(s.conn)
+	c := client.New(s.Conn)
 	c.MaxRetries = 0 // a retry would hide an error
 	var r benchRun
 	c0 := selfCPU()
@@ -370,7 +371,7 @@ func benchStream(t testing.TB, s *rsmServer, req client.Request, collect bool) b
 	r.total = time.Since(t0)
 	r.cpu = selfCPU() - c0
 	if err != nil || p.Retries != 0 {
-		t.Fatalf("server %v: %s: %v after %d extents, %d retries", s.flags, benchReqString(req), err, p.Extents, p.Retries)
+		t.Fatalf("server %v: %s: %v after %d extents, %d retries", s.Flags, benchReqString(req), err, p.Extents, p.Retries)
 	}
 	r.extents, r.bytes = p.Extents, p.Bytes
 	return r
@@ -381,9 +382,9 @@ func benchReqString(r client.Request) string {
 }
 
 // benchServerMode is a server started with flags, streaming req.
-func benchServerMode(t testing.TB, name string, req client.Request, want func([]span) []span, flags ...string) *benchMode {
+func benchServerMode(t testing.TB, name string, req client.Request, want func([]harness.Span) []harness.Span, flags ...string) *benchMode {
 	t.Helper()
-	s := startServer(t, append([]string{"-v=1"}, flags...)...)
+	s := harness.StartServer(t, append([]string{"-v=1"}, flags...)...)
 	return &benchMode{
 		name: name,
 		srv:  s,
@@ -393,11 +394,11 @@ func benchServerMode(t testing.TB, name string, req client.Request, want func([]
 }
 
 // asVariable is what VARIABLE_LENGTH streams: (a)'s extents, merged.
-func asVariable(ref []span) []span { return mergeSpans(ref) }
+func asVariable(ref []harness.Span) []harness.Span { return harness.MergeSpans(ref) }
 
 // asFixed is what FIXED_LENGTH streams: the blocks (a)'s extents touch.
-func asFixed(size int64) func([]span) []span {
-	return func(ref []span) []span { return roundOut(ref, size) }
+func asFixed(size int64) func([]harness.Span) []harness.Span {
+	return func(ref []harness.Span) []harness.Span { return harness.RoundOut(ref, size) }
 }
 
 // selfCPU is the CPU time of this process so far.
@@ -439,17 +440,17 @@ func benchModes(t testing.TB, what string, runs int, modes []*benchMode) {
 	for _, m := range modes {
 		got := m.run(t, true)
 		if m.want != nil {
-			if diff := diffSpans(m.want(ref), got.tuples); diff != "" {
+			if diff := harness.DiffSpans(m.want(ref), got.tuples); diff != "" {
 				t.Errorf("%s, %s: not what (a) found: %s", what, m.name, diff)
 			}
 		}
 		m.checked = true
 		if m.srv != nil {
-			if !resetPeakRSS(m.srv.pid()) {
-				t.Logf("cannot reset the peak RSS of server %d: it counts from its start", m.srv.pid())
+			if !resetPeakRSS(m.srv.PID()) {
+				t.Logf("cannot reset the peak RSS of server %d: it counts from its start", m.srv.PID())
 			}
-			m.rssKiB = procStatus(t, m.srv.pid())["VmRSS"]
-			m.srvCPU = -procCPU(t, m.srv.pid())
+			m.rssKiB = harness.ProcStatus(t, m.srv.PID())["VmRSS"]
+			m.srvCPU = -procCPU(t, m.srv.PID())
 		}
 	}
 	for i := 0; i < runs; i++ {
@@ -462,8 +463,8 @@ func benchModes(t testing.TB, what string, runs int, modes []*benchMode) {
 	}
 	for _, m := range modes {
 		if m.srv != nil {
-			m.hwmKiB = procStatus(t, m.srv.pid())["VmHWM"]
-			m.srvCPU += procCPU(t, m.srv.pid())
+			m.hwmKiB = harness.ProcStatus(t, m.srv.PID())["VmHWM"]
+			m.srvCPU += procCPU(t, m.srv.PID())
 		}
 	}
 	// The timed runs' counts, against what (a)'s extents imply.
@@ -521,7 +522,7 @@ func (r *benchReport) table(image string, runs int, modes []*benchMode) {
 		md := m.median()
 		rss, first := "—", "—"
 		if m.srv != nil {
-			rss = fmtKiB(m.rssKiB) + " → " + fmtKiB(m.hwmKiB)
+			rss = harness.FmtKiB(m.rssKiB) + " → " + harness.FmtKiB(m.hwmKiB)
 		}
 		if p := m.firstPct(); p >= 0 {
 			first = fmt.Sprintf("%.1f%% (%s)", p, fmtDur(md.first))
@@ -547,8 +548,8 @@ func TestBench(t *testing.T) {
 		t.Skip("the benchmark runs with RSM_BENCH=1 (e2e/run-bench.sh, ./dev.sh bench)")
 	}
 	sc := benchScaleFromEnv(t)
-	conn := connectAdmin(t)
-	secrets := csiSecrets(t)
+	conn := harness.ConnectAdmin(t)
+	secrets := harness.CSISecrets(t)
 	rep := &benchReport{}
 	host, _ := os.Hostname()
 	load, _ := os.ReadFile("/proc/loadavg")
@@ -558,16 +559,16 @@ func TestBench(t *testing.T) {
 
 	// A small image: warms each server's cluster connection, and measures
 	// the latency of small diffs.
-	small, smallImg := createVolume(t, conn, "", "bench-small", 64*mib, imageFeatures)
+	small, smallImg := harness.CreateVolume(t, conn, "", "bench-small", 64*harness.MiB, harness.ImageFeatures)
 	for i := uint64(0); i < 16; i++ {
-		fillAt(t, smallImg, i*objSize+i*4096, 4096)
+		harness.FillAt(t, smallImg, i*harness.ObjSize+i*4096, 4096)
 	}
-	snapshot(t, smallImg, "s1")
+	harness.Snapshot(t, smallImg, "s1")
 	for i := uint64(0); i < 16; i++ {
-		fillAt(t, smallImg, i*objSize+(i+100)*4096, 4096)
+		harness.FillAt(t, smallImg, i*harness.ObjSize+(i+100)*4096, 4096)
 	}
-	snapshot(t, smallImg, "s2")
-	smallReq := client.Request{Base: small.id("s1"), Target: small.id("s2"), Secrets: secrets}
+	harness.Snapshot(t, smallImg, "s2")
+	smallReq := client.Request{Base: small.ID("s1"), Target: small.ID("s2"), Secrets: secrets}
 	warm := func(modes []*benchMode) {
 		for _, m := range modes {
 			if m.srv != nil {
@@ -579,13 +580,13 @@ func TestBench(t *testing.T) {
 	// ---- many extents, exact ----
 	t0 := time.Now()
 	sv, from, to := benchStriped(t, conn, sc.sets)
-	t.Logf("striped image %s: %d writes, %d extents, in %v", sv.spec(), sc.sets, sc.sets*1024, time.Since(t0).Round(time.Millisecond))
+	t.Logf("striped image %s: %d writes, %d extents, in %v", sv.Spec(), sc.sets, sc.sets*1024, time.Since(t0).Round(time.Millisecond))
 	req := func(max int32) client.Request {
-		return client.Request{Base: sv.id("s1"), Target: sv.id("s2"), MaxResults: max, Secrets: secrets}
+		return client.Request{Base: sv.ID("s1"), Target: sv.ID("s2"), MaxResults: max, Secrets: secrets}
 	}
 	exact := []*benchMode{
 		{name: "(a) go-ceph diff-iterate", run: benchLibrbd(sv, from, to, false)},
-		{name: "(b) rbd diff --format json", run: benchRbdCLI(sv, false), want: func(ref []span) []span { return ref }},
+		{name: "(b) rbd diff --format json", run: benchRbdCLI(sv, false), want: func(ref []harness.Span) []harness.Span { return ref }},
 		benchServerMode(t, "(c) VARIABLE_LENGTH, max_results 128", req(128), asVariable, "--precision=exact"),
 		benchServerMode(t, "(c) VARIABLE_LENGTH, max_results 0", req(0), asVariable, "--precision=exact"),
 		benchServerMode(t, "(c) FIXED_LENGTH 4 KiB, max_results 128", req(128), asFixed(4096), "--precision=exact", "--block-metadata-type", "FIXED_LENGTH", "--fixed-block-size", "4096"),
@@ -593,17 +594,17 @@ func TestBench(t *testing.T) {
 	}
 	warm(exact)
 	benchModes(t, "striped image", sc.runs, exact)
-	rep.table(fmt.Sprintf("Delta of %d extents (%s, %s, fancy striping, --precision=exact)", exact[0].runs[0].extents, sv.spec(), fmtBytes(int64(sc.sets*8*mib))), sc.runs, exact)
+	rep.table(fmt.Sprintf("Delta of %d extents (%s, %s, fancy striping, --precision=exact)", exact[0].runs[0].extents, sv.Spec(), fmtBytes(int64(sc.sets*8*harness.MiB))), sc.runs, exact)
 
 	// ---- large and sparse, whole objects ----
 	t0 = time.Now()
 	pv, pfrom, pto, truth := benchSparse(t, conn, sc.sparseSize, sc.writes)
 	preq := func(max int32) client.Request {
-		return client.Request{Base: pv.id("s1"), Target: pv.id("s2"), MaxResults: max, Secrets: secrets}
+		return client.Request{Base: pv.ID("s1"), Target: pv.ID("s2"), MaxResults: max, Secrets: secrets}
 	}
 	whole := []*benchMode{
 		{name: "(a) go-ceph diff-iterate, whole object", run: benchLibrbd(pv, pfrom, pto, true)},
-		{name: "(b) rbd diff --whole-object --format json", run: benchRbdCLI(pv, true), want: func(ref []span) []span { return ref }},
+		{name: "(b) rbd diff --whole-object --format json", run: benchRbdCLI(pv, true), want: func(ref []harness.Span) []harness.Span { return ref }},
 		benchServerMode(t, "(c) VARIABLE_LENGTH, max_results 128", preq(128), asVariable, "--precision=object"),
 		benchServerMode(t, "(c) VARIABLE_LENGTH, max_results 0", preq(0), asVariable, "--precision=object"),
 		benchServerMode(t, "(c) FIXED_LENGTH 1 MiB, max_results 128", preq(128), asFixed(1<<20), "--precision=object", "--block-metadata-type", "FIXED_LENGTH"),
@@ -611,7 +612,7 @@ func TestBench(t *testing.T) {
 	}
 	warm(whole)
 	benchModes(t, "sparse image", sc.runs, whole)
-	sparseName := fmt.Sprintf("%s (%s, fast-diff, %d objects, %d of them changed)", fmtBytes(int64(sc.sparseSize)), pv.spec(), sc.sparseSize/objSize, sc.writes)
+	sparseName := fmt.Sprintf("%s (%s, fast-diff, %d objects, %d of them changed)", fmtBytes(int64(sc.sparseSize)), pv.Spec(), sc.sparseSize/harness.ObjSize, sc.writes)
 	rep.table("Delta of the "+sparseName+", whole objects (--precision=object)", sc.runs, whole)
 	t.Logf("sparse image set up in %v", time.Since(t0).Round(time.Millisecond))
 
@@ -638,7 +639,7 @@ func TestBench(t *testing.T) {
 // benchPrecision runs the three --precision modes, and precise mode with
 // --trust-object-map, on the sparse image:
 // time and bytes reported, against the bytes that changed.
-func benchPrecision(t *testing.T, rep *benchReport, sc benchScale, req client.Request, truth []span, warm func([]*benchMode)) {
+func benchPrecision(t *testing.T, rep *benchReport, sc benchScale, req client.Request, truth []harness.Span, warm func([]*benchMode)) {
 	t.Helper()
 	type result struct {
 		mode           string
@@ -651,7 +652,7 @@ func benchPrecision(t *testing.T, rep *benchReport, sc benchScale, req client.Re
 	// and from the object map's dirty bits (--trust-object-map).
 	const trusted = "precise --trust-object-map"
 	modes := []string{"object", "exact", "precise", trusted}
-	if !serverHasPrecision(t, "precise") {
+	if !harness.ServerHasPrecision(t, "precise") {
 		modes = modes[:2]
 	}
 	var res []*result
@@ -666,7 +667,7 @@ func benchPrecision(t *testing.T, rep *benchReport, sc benchScale, req client.Re
 	}
 	warm(servers)
 	for i, s := range servers {
-		resetPeakRSS(s.srv.pid())
+		resetPeakRSS(s.srv.PID())
 		runs := sc.runs
 		if res[i].mode == "exact" {
 			runs = sc.exactRuns
@@ -676,21 +677,21 @@ func benchPrecision(t *testing.T, rep *benchReport, sc benchScale, req client.Re
 			res[i].runs = append(res[i].runs, r.total)
 			if j == 0 {
 				res[i].reported, res[i].extents = r.bytes, r.extents
-				res[i].miss = totalBytes(uncovered(truth, mergeSpans(r.tuples)))
+				res[i].miss = harness.TotalBytes(harness.Uncovered(truth, harness.MergeSpans(r.tuples)))
 				if res[i].miss > 0 {
-					t.Errorf("--precision=%s missed %d of the %d changed bytes", res[i].mode, res[i].miss, totalBytes(truth))
+					t.Errorf("--precision=%s missed %d of the %d changed bytes", res[i].mode, res[i].miss, harness.TotalBytes(truth))
 				}
 			}
 		}
-		res[i].hwm = procStatus(t, s.srv.pid())["VmHWM"]
+		res[i].hwm = harness.ProcStatus(t, s.srv.PID())["VmHWM"]
 	}
 	rep.printf("\nPrecision: Delta of the same %s image, VARIABLE_LENGTH, max_results 0; %s truly changed (%d × 4 KiB); median of %d runs (exact: %d)\n\n",
-		fmtBytes(int64(sc.sparseSize)), fmtBytes(totalBytes(truth)), len(truth), sc.runs, sc.exactRuns)
+		fmtBytes(int64(sc.sparseSize)), fmtBytes(harness.TotalBytes(truth)), len(truth), sc.runs, sc.exactRuns)
 	rep.printf("| --precision | time | tuples | reported | × truly changed | missed | server peak RSS |\n|---|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range res {
 		slices.Sort(r.runs)
 		rep.printf("| %s | %s | %d | %s | %.1f× | %d B | %s |\n", r.mode, fmtDur(r.runs[len(r.runs)/2]), r.extents, fmtBytes(r.reported),
-			float64(r.reported)/float64(totalBytes(truth)), r.miss, fmtKiB(r.hwm))
+			float64(r.reported)/float64(harness.TotalBytes(truth)), r.miss, harness.FmtKiB(r.hwm))
 	}
 }
 
@@ -713,7 +714,7 @@ func benchConnReuse(t *testing.T, rep *benchReport, sc benchScale, req client.Re
 	rep.printf("| case | median | min | max |\n|---|---:|---:|---:|\n")
 	var medians []time.Duration
 	for _, c := range cases {
-		s := startServer(t, append([]string{"-v=1"}, c.flags...)...)
+		s := harness.StartServer(t, append([]string{"-v=1"}, c.flags...)...)
 		benchStream(t, s, req, false) // the gRPC connection; and the cluster's, when cached
 		var d []time.Duration
 		for i := 0; i < sc.smallReqs; i++ {
@@ -727,7 +728,7 @@ func benchConnReuse(t *testing.T, rep *benchReport, sc benchScale, req client.Re
 	var d []time.Duration
 	for i := 0; i < sc.smallReqs; i++ {
 		t0 := time.Now()
-		c := benchConnect(t, clusterEnv(t, "CEPH_CSI_USER"), clusterEnv(t, "CEPH_CSI_KEY"))
+		c := benchConnect(t, harness.ClusterEnv(t, "CEPH_CSI_USER"), harness.ClusterEnv(t, "CEPH_CSI_KEY"))
 		d = append(d, time.Since(t0))
 		c.Shutdown()
 	}
@@ -745,7 +746,7 @@ func benchConnect(t testing.TB, user, key string) *rados.Conn {
 		t.Fatal(err)
 	}
 	for _, o := range [][2]string{
-		{"mon_host", clusterEnv(t, "CEPH_MON_HOST")}, {"key", key}, {"keyring", "/dev/null"},
+		{"mon_host", harness.ClusterEnv(t, "CEPH_MON_HOST")}, {"key", key}, {"keyring", "/dev/null"},
 		{"client_mount_timeout", "10"}, {"rados_mon_op_timeout", "30"}, {"rados_osd_op_timeout", "30"},
 	} {
 		if err := conn.SetConfigOption(o[0], o[1]); err != nil {
@@ -763,11 +764,11 @@ func benchConnect(t testing.TB, user, key string) *rados.Conn {
 // stream's (the matching row of the exact table).
 func benchConcurrent(t *testing.T, rep *benchReport, sc benchScale, req client.Request, exact []*benchMode) {
 	t.Helper()
-	s := startServer(t, "-v=1", "--precision=exact")
+	s := harness.StartServer(t, "-v=1", "--precision=exact")
 	benchStream(t, s, req, false)
-	resetPeakRSS(s.pid())
+	resetPeakRSS(s.PID())
 	want := exact[0].runs[0].extents
-	before := procStatus(t, s.pid())["VmRSS"]
+	before := harness.ProcStatus(t, s.PID())["VmRSS"]
 	var wg sync.WaitGroup
 	got := make([]int64, sc.streams)
 	errs := make([]error, sc.streams)
@@ -778,7 +779,7 @@ func benchConcurrent(t *testing.T, rep *benchReport, sc benchScale, req client.R
 			defer wg.Done()
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 			defer cancel()
-			c := client.New(s.conn)
+			c := client.New(s.Conn)
 			c.MaxRetries = 0
 			p, err := c.Stream(ctx, req, func(client.Page) error { return nil })
 			got[i], errs[i] = p.Extents, err
@@ -786,7 +787,7 @@ func benchConcurrent(t *testing.T, rep *benchReport, sc benchScale, req client.R
 	}
 	wg.Wait()
 	d := time.Since(t0)
-	hwm := procStatus(t, s.pid())["VmHWM"]
+	hwm := harness.ProcStatus(t, s.PID())["VmHWM"]
 	var total int64
 	nerr := 0
 	for i := range got {
@@ -805,7 +806,7 @@ func benchConcurrent(t *testing.T, rep *benchReport, sc benchScale, req client.R
 	rep.printf("\nConcurrency: %d streams of the striped Delta at once, one server (--precision=exact, VARIABLE_LENGTH, max_results 0), one gRPC connection\n\n", sc.streams)
 	rep.printf("| streams | extents | wall time | total extents/s | × one stream's | server RSS before | server peak RSS | errors |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	rep.printf("| %d | %d | %s | %s | %.2f× | %s | %s | %d |\n", sc.streams, total, fmtDur(d), fmtRate(float64(total)/d.Seconds()),
-		float64(total)/d.Seconds()/single.rate(), fmtKiB(before), fmtKiB(hwm), nerr)
+		float64(total)/d.Seconds()/single.rate(), harness.FmtKiB(before), harness.FmtKiB(hwm), nerr)
 }
 
 // benchTargets states, from this run's numbers, which of issue 6's targets
@@ -833,7 +834,7 @@ func benchTargets(rep *benchReport, sc benchScale, exact []*benchMode) {
 	if n < 1<<20 {
 		note = fmt.Sprintf(" (only %d extents at this scale; RSM_BENCH_SCALE=full streams 2^20)", n)
 	}
-	rep.printf("- peak server RSS ≤ 64 MiB while streaming: at most %s over the four servers%s — %s\n", fmtKiB(peak), note, met(peak <= 64<<10))
+	rep.printf("- peak server RSS ≤ 64 MiB while streaming: at most %s over the four servers%s — %s\n", harness.FmtKiB(peak), note, met(peak <= 64<<10))
 	fp := max(v0.firstPct(), f0.firstPct())
 	note = ""
 	if pages := (n + 16383) / 16384; pages < 20 {
@@ -899,7 +900,7 @@ func TestBenchBigFastDiff(t *testing.T) {
 	if os.Getenv("RSM_BENCH_BASELINE_BIN") != "" {
 		modes = modes[:2] // object and precise, each by both binaries
 	}
-	benchBig(t, sc, "With fast-diff", imageFeatures, modes)
+	benchBig(t, sc, "With fast-diff", harness.ImageFeatures, modes)
 }
 
 // benchBigMode is a server mode of benchBig, timed runs times.
@@ -925,7 +926,7 @@ const cephCSIMode = "object, max_results 128 (≈ Ceph-CSI)"
 // those truly changed, each server's peak RSS, and the load average.
 func benchBig(t *testing.T, sc benchScale, title string, features uint64, specs []benchBigMode) {
 	t.Helper()
-	conn := connectAdmin(t)
+	conn := harness.ConnectAdmin(t)
 	loadavg := func() string {
 		b, _ := os.ReadFile("/proc/loadavg")
 		return strings.Join(strings.Fields(string(b))[:3], " ")
@@ -933,7 +934,7 @@ func benchBig(t *testing.T, sc benchScale, title string, features uint64, specs 
 	t0 := time.Now()
 	v, _, _, truth := benchSparseWith(t, conn, sc.bigSize, sc.bigWrites, features)
 	t.Logf("%s: image set up in %v", title, time.Since(t0).Round(time.Millisecond))
-	req := client.Request{Base: v.id("s1"), Target: v.id("s2"), Secrets: csiSecrets(t)}
+	req := client.Request{Base: v.ID("s1"), Target: v.ID("s2"), Secrets: harness.CSISecrets(t)}
 	// RSM_BENCH_BASELINE_BIN: every mode once more, run by that server
 	// binary (an older build, say), in the same rounds.
 	if bin := os.Getenv("RSM_BENCH_BASELINE_BIN"); bin != "" {
@@ -970,19 +971,19 @@ func benchBig(t *testing.T, sc benchScale, title string, features uint64, specs 
 			m.runs = append(m.runs, r)
 			if i == 0 {
 				reported[j] = r.bytes
-				if miss := totalBytes(uncovered(truth, mergeSpans(r.tuples))); miss > 0 {
-					t.Errorf("%s missed %d of the %d changed bytes", m.name, miss, totalBytes(truth))
+				if miss := harness.TotalBytes(harness.Uncovered(truth, harness.MergeSpans(r.tuples))); miss > 0 {
+					t.Errorf("%s missed %d of the %d changed bytes", m.name, miss, harness.TotalBytes(truth))
 				}
 			}
 		}
 	}
 	after := loadavg()
 	for _, m := range modes {
-		m.hwmKiB = procStatus(t, m.srv.pid())["VmHWM"]
+		m.hwmKiB = harness.ProcStatus(t, m.srv.PID())["VmHWM"]
 	}
 	var rep benchReport
 	rep.printf("\n%s: Delta of a %s thin image (%d objects), %s truly changed (%d × 4 KiB writes in %d objects); medians of interleaved runs; %d CPUs, load average %s before, %s after\n\n",
-		title, fmtBytes(int64(sc.bigSize)), sc.bigSize/objSize, fmtBytes(totalBytes(truth)), len(truth), sc.bigWrites, runtime.NumCPU(), before, after)
+		title, fmtBytes(int64(sc.bigSize)), sc.bigSize/harness.ObjSize, fmtBytes(harness.TotalBytes(truth)), len(truth), sc.bigWrites, runtime.NumCPU(), before, after)
 	rep.printf("| mode | median | runs | × %s's time | reported | × truly changed | server peak RSS |\n|---|---:|---|---:|---:|---:|---:|\n", modes[0].name)
 	first := modes[0].median().total
 	for i, m := range modes {
@@ -992,7 +993,7 @@ func benchBig(t *testing.T, sc benchScale, title string, features uint64, specs 
 		}
 		med := m.median().total
 		rep.printf("| %s | %s | %s | %.3f× | %s | %.1f× | %s |\n", m.name, fmtDur(med), strings.Join(ds, ", "), float64(med)/float64(first),
-			fmtBytes(reported[i]), float64(reported[i])/float64(totalBytes(truth)), fmtKiB(m.hwmKiB))
+			fmtBytes(reported[i]), float64(reported[i])/float64(harness.TotalBytes(truth)), harness.FmtKiB(m.hwmKiB))
 	}
 	fmt.Print(rep.b.String() + "\n")
 	if out := os.Getenv("RSM_BENCH_OUT"); out != "" {

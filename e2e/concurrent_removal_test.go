@@ -25,8 +25,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os/exec"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -39,6 +37,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/driver"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/harness"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/oracle"
 	rsm "github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd"
 )
 
@@ -55,18 +55,18 @@ const removalRegion = 64 << 10
 // removalVolume is an image with a removal history, and the ranges it
 // touched: nothing outside them ever changed.
 type removalVolume struct {
-	v       rbdVolume
+	v       harness.RbdVolume
 	img     *rbd.Image
 	prefix  string // block name prefix, for object names
 	objSize int64
-	regions []span
+	regions []harness.Span
 	objnos  []int64 // the objects written, ascending
 }
 
 // removalHistory writes the base state: in each of removalObjects objects
 // (every other one), 64 KiB of data at its start (even ones) or at its end
 // (odd ones).
-func removalHistory(t *testing.T, ioctx *rados.IOContext, img *rbd.Image, v rbdVolume) *removalVolume {
+func removalHistory(t *testing.T, ioctx *rados.IOContext, img *rbd.Image, v harness.RbdVolume) *removalVolume {
 	t.Helper()
 	st, err := img.Stat()
 	if err != nil {
@@ -78,10 +78,10 @@ func removalHistory(t *testing.T, ioctx *rados.IOContext, img *rbd.Image, v rbdV
 		o := objno * rv.objSize
 		rv.objnos = append(rv.objnos, objno)
 		if k%2 == 0 {
-			rv.regions = append(rv.regions, span{Offset: o, Length: removalRegion})
+			rv.regions = append(rv.regions, harness.Span{Offset: o, Length: removalRegion})
 		} else {
 			// The head byte that the change writes, and the tail.
-			rv.regions = append(rv.regions, span{Offset: o, Length: 1}, span{Offset: o + rv.objSize - removalRegion, Length: removalRegion})
+			rv.regions = append(rv.regions, harness.Span{Offset: o, Length: 1}, harness.Span{Offset: o + rv.objSize - removalRegion, Length: removalRegion})
 		}
 	}
 	rv.each(t, func(k int, o int64) error {
@@ -148,7 +148,7 @@ func (rv *removalVolume) each(t *testing.T, fn func(k int, off int64) error) {
 	close(next)
 	wg.Wait()
 	if first != nil {
-		t.Fatalf("write %s: %v", rv.v.spec(), first)
+		t.Fatalf("write %s: %v", rv.v.Spec(), first)
 	}
 }
 
@@ -167,102 +167,40 @@ func writeData(img *rbd.Image, off, n int64, seed int) error {
 
 // truth returns the bytes that differ between snapshots from and to,
 // read within the touched regions (nothing else was ever written).
-func (rv *removalVolume) truth(t *testing.T, from, to *snapReader) []span {
+func (rv *removalVolume) truth(t *testing.T, from, to *harness.SnapReader) []harness.Span {
 	t.Helper()
-	var out []span
+	var out []harness.Span
 	for _, r := range rv.regions {
 		x, y := make([]byte, r.Length), make([]byte, r.Length)
-		from.readAt(t, x, r.Offset)
-		to.readAt(t, y, r.Offset)
-		eachRun(x, y, r.Offset, func(off, n int64) { out = append(out, span{Offset: off, Length: n}) })
+		from.ReadAt(t, x, r.Offset)
+		to.ReadAt(t, y, r.Offset)
+		harness.EachRun(x, y, r.Offset, func(off, n int64) { out = append(out, harness.Span{Offset: off, Length: n}) })
 	}
-	return mergeSpans(out)
+	return harness.MergeSpans(out)
 }
 
 // snapByID opens the volume at a snapshot given by ID (Ceph-CSI's trash
 // snapshots have no usable name).
-func (rv *removalVolume) snapByID(t *testing.T, snap uint64) *snapReader {
+func (rv *removalVolume) snapByID(t *testing.T, snap uint64) *harness.SnapReader {
 	t.Helper()
-	img, err := rbd.OpenImageReadOnly(rv.v.ioctx, rv.v.name, rbd.NoSnapshot)
+	img, err := rbd.OpenImageReadOnly(rv.v.IOCtx, rv.v.Name, rbd.NoSnapshot)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = img.Close() })
 	if err := img.SetSnapByID(snap); err != nil {
-		t.Fatalf("set %s to snapshot %d: %v", rv.v.name, snap, err)
+		t.Fatalf("set %s to snapshot %d: %v", rv.v.Name, snap, err)
 	}
 	size, err := img.GetSize()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &snapReader{img: img, size: int64(size)}
+	return &harness.SnapReader{Img: img, Size: int64(size)}
 }
 
 // object names object objno of the image.
 func (rv *removalVolume) object(objno int64) string {
 	return fmt.Sprintf("%s.%016x", rv.prefix, objno)
-}
-
-// fastSnapTrim lets the OSDs trim removed snapshots at once, as on SSDs
-// (osd_snap_trim_sleep_ssd is 0): the test cluster's OSD runs on a file,
-// which Ceph takes for a disk with seconds between trims. Undone when the
-// test ends.
-func fastSnapTrim(t *testing.T) {
-	t.Helper()
-	keys := []string{"osd_snap_trim_sleep", "osd_snap_trim_sleep_hdd", "osd_snap_trim_sleep_ssd", "osd_snap_trim_sleep_hybrid"}
-	for _, k := range keys {
-		cephAuth(t, "config", "set", "osd", k, "0")
-	}
-	t.Cleanup(func() {
-		for _, k := range keys {
-			cephAuth(t, "config", "rm", "osd", k)
-		}
-	})
-}
-
-// waitTrimmed waits until snapshot snap is gone from the snap sets of the
-// given objects (rados listsnaps), and fails the test after a minute.
-func waitTrimmed(t *testing.T, ns string, snap uint64, objects ...string) time.Duration {
-	t.Helper()
-	t0 := time.Now()
-	id := strconv.FormatUint(snap, 10)
-	for _, o := range objects {
-		for {
-			args := []string{"-p", pool}
-			if ns != "" {
-				args = append(args, "-N", ns)
-			}
-			out, err := exec.Command("rados", append(args, "listsnaps", o)...).CombinedOutput()
-			if err != nil {
-				t.Fatalf("rados listsnaps %s: %v\n%s", o, err, out)
-			}
-			if !snapListed(string(out), id) {
-				break
-			}
-			if time.Since(t0) > time.Minute {
-				t.Fatalf("snapshot %s still in the snap set of %s a minute after its removal:\n%s", id, o, out)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
-	return time.Since(t0)
-}
-
-// snapListed reports whether a clone in `rados listsnaps` output holds
-// snapshot id ("cloneid snaps size overlap" lines; snaps is a comma list).
-func snapListed(out, id string) bool {
-	for _, line := range strings.Split(out, "\n") {
-		f := strings.Fields(line)
-		if len(f) < 2 || f[0] == "cloneid" || f[0] == "head" {
-			continue
-		}
-		for _, s := range strings.Split(f[1], ",") {
-			if s == id {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // stallGate wraps a driver.Source so that each diff stops in its callback
@@ -312,10 +250,10 @@ func (d gatedDiff) Iterate(ctx context.Context, offset int64, fn func(driver.Ext
 // block type, and a client with a small flow-control window.
 type removalRun struct {
 	name  string
-	p     *inProc
+	p     *harness.InProc
 	gate  *stallGate
-	recv  func() (metaResponse, error)
-	pages []page
+	recv  func() (harness.MetaResponse, error)
+	pages []harness.Page
 	err   error // how the stream ended; nil: OK
 }
 
@@ -341,14 +279,14 @@ var removalTypes = []struct {
 // stallStreams starts r on a server per mode and block type, each of
 // which stops at its stallAt-th extent, and waits until all have stopped
 // (none may end before: the history would be too small to test anything).
-func stallStreams(t *testing.T, r metaReq) []*removalRun {
+func stallStreams(t *testing.T, r harness.MetaReq) []*removalRun {
 	t.Helper()
 	const stallAt = 4
 	var runs []*removalRun
 	for _, m := range removalModes {
 		for _, bt := range removalTypes {
 			run := &removalRun{name: m.mode + "/" + bt.name, gate: newStallGate(stallAt)}
-			run.p = startInProc(t, m.opts, func(s driver.Source) driver.Source {
+			run.p = harness.StartInProc(t, m.opts, func(s driver.Source) driver.Source {
 				run.gate.Source = s
 				return run.gate
 			}, driver.Options{BlockMetadataType: bt.typ, FixedBlockSize: bt.fixed})
@@ -360,11 +298,11 @@ func stallStreams(t *testing.T, r metaReq) []*removalRun {
 				}
 			})
 			// A reader that does not read: the window stays at 64 KiB.
-			s := slowReader(t, run.p.sock)
+			s := harness.SlowReader(t, run.p.Sock)
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			t.Cleanup(cancel)
 			var err error
-			if run.recv, err = s.open(ctx, r); err != nil {
+			if run.recv, err = s.Open(ctx, r); err != nil {
 				t.Fatalf("%s: %v: %v", run.name, r, err)
 			}
 			runs = append(runs, run)
@@ -373,9 +311,9 @@ func stallStreams(t *testing.T, r metaReq) []*removalRun {
 	for _, run := range runs {
 		select {
 		case <-run.gate.stalled:
-		case h := <-run.p.svc.done:
+		case h := <-run.p.Svc.Done:
 			t.Fatalf("%s: the stream ended (%v, %d tuples) before its %dth extent: the history is too small to stall it",
-				run.name, h.err, h.tuples, stallAt)
+				run.name, h.Err, h.Tuples, stallAt)
 		case <-time.After(2 * time.Minute):
 			t.Fatalf("%s: no extent %d within 2 minutes", run.name, stallAt)
 		}
@@ -400,7 +338,7 @@ func finish(runs []*removalRun) {
 					run.err = err
 					return
 				}
-				run.pages = append(run.pages, toPage(resp))
+				run.pages = append(run.pages, harness.ToPage(resp))
 			}
 		}()
 	}
@@ -411,14 +349,14 @@ func finish(runs []*removalRun) {
 // naming which snapshot went (when want is not OK), or, when it ended OK,
 // complete (no byte of truth missed) and within the spec's rules. Every
 // server then holds no image and no connection reference.
-func checkRemoval(t *testing.T, r metaReq, runs []*removalRun, truth []span, want codes.Code, which string) {
+func checkRemoval(t *testing.T, r harness.MetaReq, runs []*removalRun, truth []harness.Span, want codes.Code, which string) {
 	t.Helper()
 	for _, run := range runs {
-		m := metaStream{pages: run.pages, err: run.err}
-		tuples := m.tuples()
-		missed := totalBytes(oracleMisses(truth, tuples))
+		m := harness.MetaStream{Pages: run.pages, Err: run.err}
+		tuples := m.Tuples()
+		missed := harness.TotalBytes(harness.OracleMisses(truth, tuples))
 		t.Logf("%s: %s after %d tuples (%d bytes); they miss %d of the %d changed bytes (in 4 KiB blocks)",
-			run.name, status.Code(run.err), len(tuples), totalBytes(tuples), missed, totalBytes(roundOut(truth, oracleBlock)))
+			run.name, status.Code(run.err), len(tuples), harness.TotalBytes(tuples), missed, harness.TotalBytes(harness.RoundOut(truth, harness.OracleBlock)))
 		switch got := status.Code(run.err); {
 		case got != want:
 			t.Errorf("%s: %v ended %v (%v), want %v", run.name, r, got, run.err, want)
@@ -427,14 +365,14 @@ func checkRemoval(t *testing.T, r metaReq, runs []*removalRun, truth []span, wan
 			if strings.HasSuffix(run.name, "fixed-4k") {
 				typ, fixed = csi.BlockMetadataType_FIXED_LENGTH, 4096
 			}
-			checkStream(t, r, m, typ, fixed)
+			harness.CheckStream(t, r, m, typ, fixed)
 			if missed != 0 {
-				t.Errorf("%s: %v ended OK but missed %d changed bytes: %v", run.name, r, missed, oracleMisses(truth, tuples))
+				t.Errorf("%s: %v ended OK but missed %d changed bytes: %v", run.name, r, missed, harness.OracleMisses(truth, tuples))
 			}
 		case !strings.Contains(status.Convert(run.err).Message(), which):
 			t.Errorf("%s: the status does not say that the %s went: %v", run.name, which, run.err)
 		}
-		run.p.waitRefs(t)
+		run.p.WaitRefs(t)
 	}
 }
 
@@ -444,17 +382,17 @@ func checkRemoval(t *testing.T, r metaReq, runs []*removalRun, truth []span, wan
 // went. A control run without removal (but with the image renamed and
 // shrunk meanwhile) must end OK and byte-complete.
 func TestSnapshotRemovedMidStream(t *testing.T) {
-	fastSnapTrim(t)
-	conn := connectAdmin(t)
+	harness.FastSnapTrim(t)
+	conn := harness.ConnectAdmin(t)
 	size := uint64(2*removalObjects) << 22
-	secrets := preciseSecrets(t)
+	secrets := oracle.Secrets(t)
 
 	setup := func(t *testing.T) (*removalVolume, uint64, uint64) {
-		v, img := createVolume(t, conn, "", "removal", size, imageFeatures)
-		rv := removalHistory(t, v.ioctx, img, v)
-		a := snapshot(t, img, "A")
+		v, img := harness.CreateVolume(t, conn, "", "removal", size, harness.ImageFeatures)
+		rv := removalHistory(t, v.IOCtx, img, v)
+		a := harness.Snapshot(t, img, "A")
 		rv.change(t)
-		b := snapshot(t, img, "B")
+		b := harness.Snapshot(t, img, "B")
 		return rv, a, b
 	}
 	// The objects whose snap sets show the trim: the last ones a stream
@@ -470,26 +408,26 @@ func TestSnapshotRemovedMidStream(t *testing.T) {
 		// by image and snapshot ID, so the streams must end OK and
 		// complete.
 		rv, _, _ := setup(t)
-		r := metaReq{base: rv.v.id("A"), target: rv.v.id("B"), secrets: secrets}
-		truth := rv.truth(t, openSnap(t, rv.v, "A"), openSnap(t, rv.v, "B"))
+		r := harness.MetaReq{Base: rv.v.ID("A"), Target: rv.v.ID("B"), Secrets: secrets}
+		truth := rv.truth(t, harness.OpenSnap(t, rv.v, "A"), harness.OpenSnap(t, rv.v, "B"))
 		runs := stallStreams(t, r)
-		renamed := rv.v.name + "-renamed"
-		rbdCLI(t, "rename", rv.v.spec(), pool+"/"+renamed)
-		t.Cleanup(func() { rbdCLI(t, "rename", pool+"/"+renamed, rv.v.spec()) })
-		resizeImage(t, rv.img, size/2)
+		renamed := rv.v.Name + "-renamed"
+		harness.RbdCLI(t, "rename", rv.v.Spec(), harness.Pool+"/"+renamed)
+		t.Cleanup(func() { harness.RbdCLI(t, "rename", harness.Pool+"/"+renamed, rv.v.Spec()) })
+		harness.ResizeImage(t, rv.img, size/2)
 		finish(runs)
 		checkRemoval(t, r, runs, truth, codes.OK, "")
 	})
 
 	t.Run("base", func(t *testing.T) {
 		rv, a, _ := setup(t)
-		r := metaReq{base: rv.v.id("A"), target: rv.v.id("B"), secrets: secrets}
-		truth := rv.truth(t, openSnap(t, rv.v, "A"), openSnap(t, rv.v, "B"))
+		r := harness.MetaReq{Base: rv.v.ID("A"), Target: rv.v.ID("B"), Secrets: secrets}
+		truth := rv.truth(t, harness.OpenSnap(t, rv.v, "A"), harness.OpenSnap(t, rv.v, "B"))
 		runs := stallStreams(t, r)
 		if err := rv.img.GetSnapshot("A").Remove(); err != nil {
-			t.Fatalf("remove %s@A: %v", rv.v.spec(), err)
+			t.Fatalf("remove %s@A: %v", rv.v.Spec(), err)
 		}
-		t.Logf("base snapshot %d trimmed in %v", a, waitTrimmed(t, "", a, late(rv)...))
+		t.Logf("base snapshot %d trimmed in %v", a, harness.WaitTrimmed(t, "", a, late(rv)...))
 		finish(runs)
 		checkRemoval(t, r, runs, truth, codes.NotFound, "base snapshot")
 	})
@@ -499,15 +437,15 @@ func TestSnapshotRemovedMidStream(t *testing.T) {
 		// keep clones that hold both B and B2, and once B goes and is
 		// trimmed from them, B's objects no longer have a version at B.
 		rv, _, b := setup(t)
-		snapshot(t, rv.img, "B2")
+		harness.Snapshot(t, rv.img, "B2")
 		rv.change(t)
-		r := metaReq{base: rv.v.id("A"), target: rv.v.id("B"), secrets: secrets}
-		truth := rv.truth(t, openSnap(t, rv.v, "A"), openSnap(t, rv.v, "B"))
+		r := harness.MetaReq{Base: rv.v.ID("A"), Target: rv.v.ID("B"), Secrets: secrets}
+		truth := rv.truth(t, harness.OpenSnap(t, rv.v, "A"), harness.OpenSnap(t, rv.v, "B"))
 		runs := stallStreams(t, r)
 		if err := rv.img.GetSnapshot("B").Remove(); err != nil {
-			t.Fatalf("remove %s@B: %v", rv.v.spec(), err)
+			t.Fatalf("remove %s@B: %v", rv.v.Spec(), err)
 		}
-		t.Logf("target snapshot %d trimmed in %v", b, waitTrimmed(t, "", b, late(rv)...))
+		t.Logf("target snapshot %d trimmed in %v", b, harness.WaitTrimmed(t, "", b, late(rv)...))
 		finish(runs)
 		checkRemoval(t, r, runs, truth, codes.NotFound, "target snapshot")
 	})
@@ -519,26 +457,26 @@ func TestSnapshotRemovedMidStream(t *testing.T) {
 // clone, its parent, the source volume's trash snapshot, which holds the
 // base's data. Every stream must end NOT_FOUND.
 func TestCSIDeleteSnapshotMidStream(t *testing.T) {
-	fastSnapTrim(t)
-	conn := connectAdmin(t)
-	c := newCSICluster(t, conn, clusterID, "")
-	vol := c.createVolume(t, uint64(2*removalObjects)<<22, nil)
-	rv := removalHistory(t, c.ioctx, vol.img, rbdVolume{ioctx: c.ioctx, name: vol.name})
-	sa := vol.snapshot(t)
+	harness.FastSnapTrim(t)
+	conn := harness.ConnectAdmin(t)
+	c := harness.NewCSICluster(t, conn, harness.ClusterID, "")
+	vol := c.CreateVolume(t, uint64(2*removalObjects)<<22, nil)
+	rv := removalHistory(t, c.IOCtx, vol.Img, harness.RbdVolume{IOCtx: c.IOCtx, Name: vol.Name})
+	sa := vol.Snapshot(t)
 	rv.change(t)
-	sb := vol.snapshot(t)
+	sb := vol.Snapshot(t)
 
-	r := metaReq{base: sa.handle(), target: sb.handle(), secrets: preciseSecrets(t)}
-	truth := rv.truth(t, rv.snapByID(t, sa.trashID), rv.snapByID(t, sb.trashID))
+	r := harness.MetaReq{Base: sa.Handle(), Target: sb.Handle(), Secrets: oracle.Secrets(t)}
+	truth := rv.truth(t, rv.snapByID(t, sa.TrashID), rv.snapByID(t, sb.TrashID))
 	runs := stallStreams(t, r)
 
 	csiDeleteSnapshot(t, sa)
-	if _, err := vol.img.GetSnapNamespaceType(sa.trashID); !errors.Is(err, rbd.ErrNotFound) {
-		t.Fatalf("the source's trash snapshot %d of the deleted snapshot is still there (%v): DeleteSnapshot did not remove the data", sa.trashID, err)
+	if _, err := vol.Img.GetSnapNamespaceType(sa.TrashID); !errors.Is(err, rbd.ErrNotFound) {
+		t.Fatalf("the source's trash snapshot %d of the deleted snapshot is still there (%v): DeleteSnapshot did not remove the data", sa.TrashID, err)
 	}
 	n := len(rv.objnos)
-	t.Logf("base trash snapshot %d trimmed in %v", sa.trashID,
-		waitTrimmed(t, "", sa.trashID, rv.object(rv.objnos[n/2]), rv.object(rv.objnos[n-1])))
+	t.Logf("base trash snapshot %d trimmed in %v", sa.TrashID,
+		harness.WaitTrimmed(t, "", sa.TrashID, rv.object(rv.objnos[n/2]), rv.object(rv.objnos[n-1])))
 	finish(runs)
 	checkRemoval(t, r, runs, truth, codes.NotFound, "base snapshot")
 }
@@ -546,20 +484,20 @@ func TestCSIDeleteSnapshotMidStream(t *testing.T) {
 // csiDeleteSnapshot deletes a snapshot as Ceph-CSI's DeleteSnapshot does:
 // the clone's snapshot, then the clone (its removal detaches it from the
 // source's trash snapshot, which librbd then removes), then the journal.
-func csiDeleteSnapshot(t *testing.T, s *csiSnap) {
+func csiDeleteSnapshot(t *testing.T, s *harness.CSISnap) {
 	t.Helper()
-	c := s.vol.c
-	if err := s.cloneImg.GetSnapshot(s.clone).Remove(); err != nil {
-		t.Fatalf("remove %s@%s: %v", s.clone, s.clone, err)
+	c := s.Vol.C
+	if err := s.CloneImg.GetSnapshot(s.Clone).Remove(); err != nil {
+		t.Fatalf("remove %s@%s: %v", s.Clone, s.Clone, err)
 	}
 	// Nobody holds the clone open in Ceph-CSI: it would be a watcher.
-	if err := s.cloneImg.Close(); err != nil {
+	if err := s.CloneImg.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := rbd.RemoveImage(c.ioctx, s.clone); err != nil {
-		t.Fatalf("remove %s: %v", s.clone, err)
+	if err := rbd.RemoveImage(c.IOCtx, s.Clone); err != nil {
+		t.Fatalf("remove %s: %v", s.Clone, err)
 	}
-	if err := c.ioctx.Delete("csi.snap." + s.uuid); err != nil {
-		t.Fatalf("remove the journal of %s: %v", s.clone, err)
+	if err := c.IOCtx.Delete("csi.snap." + s.UUID); err != nil {
+		t.Fatalf("remove the journal of %s: %v", s.Clone, err)
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/client"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/harness"
 )
 
 // csiServer is the real server binary (RSM_SERVER_BIN), serving on a socket
@@ -50,8 +51,8 @@ func (l *csiLockedBuffer) String() string {
 
 func csiStartServer(t *testing.T) *csiServer {
 	t.Helper()
-	bin := clusterEnv(t, "RSM_SERVER_BIN")
-	cfg := clusterEnv(t, "RSM_CLUSTER_DIR") + "/csi-config.json"
+	bin := harness.ClusterEnv(t, "RSM_SERVER_BIN")
+	cfg := harness.ClusterEnv(t, "RSM_CLUSTER_DIR") + "/csi-config.json"
 	dir, err := os.MkdirTemp("", "rsm-csi-") // short: a socket path has at most 107 bytes
 	if err != nil {
 		t.Fatal(err)
@@ -101,8 +102,8 @@ func csiStartServer(t *testing.T) *csiServer {
 	return &csiServer{
 		cl: client.New(conn),
 		secrets: map[string]string{
-			"userID":  clusterEnv(t, "CEPH_CSI_USER"),
-			"userKey": clusterEnv(t, "CEPH_CSI_KEY"),
+			"userID":  harness.ClusterEnv(t, "CEPH_CSI_USER"),
+			"userKey": harness.ClusterEnv(t, "CEPH_CSI_KEY"),
 		},
 	}
 }
@@ -182,10 +183,10 @@ func csiCheckOracle(t *testing.T, what string, a csiAnswer, before, after []byte
 		}
 		prevEnd = e.Offset + e.Length
 	}
-	var zero [csiBlock]byte
+	var zero [harness.CSIBlock]byte
 	missed, blocks := 0, 0
-	for off := start - start%csiBlock; off < int64(len(after)); off += csiBlock {
-		end := min(off+csiBlock, int64(len(after)))
+	for off := start - start%harness.CSIBlock; off < int64(len(after)); off += harness.CSIBlock {
+		end := min(off+harness.CSIBlock, int64(len(after)))
 		blk := after[off:end]
 		var ref []byte
 		if before != nil {
@@ -234,13 +235,13 @@ func csiCheckTouched(t *testing.T, what string, a csiAnswer, header uint64, writ
 	t.Helper()
 	touched := map[uint64]bool{}
 	for _, w := range writes {
-		for o := w[0] / objSize; o <= (w[0]+w[1]-1)/objSize; o++ {
+		for o := w[0] / harness.ObjSize; o <= (w[0]+w[1]-1)/harness.ObjSize; o++ {
 			touched[o] = true
 		}
 	}
 	for _, e := range a.extents {
 		raw := header + uint64(e.Offset)
-		for o := raw / objSize; o <= (raw+uint64(e.Length)-1)/objSize; o++ {
+		for o := raw / harness.ObjSize; o <= (raw+uint64(e.Length)-1)/harness.ObjSize; o++ {
 			if !touched[o] {
 				t.Fatalf("%s: extent %+v is in object %d, which no write touched", what, e, o)
 			}
@@ -248,186 +249,185 @@ func csiCheckTouched(t *testing.T, what string, a csiAnswer, header uint64, writ
 	}
 }
 
-// user returns a volume's data as its user sees it.
-func (v *csiVolume) user(data []byte) []byte { return data[v.header:] }
-
 // TestCSISnapshotHandles runs the server against snapshots laid out exactly
 // as Ceph-CSI makes them, in the default RADOS namespace (cluster ID
 // rsm-e2e) and in namespace ns1 (rsm-e2e-ns1), and checks every answer
 // against the data read back from the cluster.
 func TestCSISnapshotHandles(t *testing.T) {
 	srv := csiStartServer(t)
-	conn := connectAdmin(t)
-	for _, cc := range []struct{ id, ns string }{{"rsm-e2e", ""}, {"rsm-e2e-ns1", namespace}} {
+	conn := harness.ConnectAdmin(t)
+	for _, cc := range []struct{ id, ns string }{{"rsm-e2e", ""}, {"rsm-e2e-ns1", harness.Namespace}} {
 		t.Run(cc.id, func(t *testing.T) {
 			t.Parallel()
-			k := newCSICluster(t, conn, cc.id, cc.ns)
+			k := harness.NewCSICluster(t, conn, cc.id, cc.ns)
 			t.Run("plain", func(t *testing.T) { csiTestPlain(t, srv, k) })
 			t.Run("clone", func(t *testing.T) { csiTestClone(t, srv, k) })
 			t.Run("flattened", func(t *testing.T) { csiTestFlattened(t, srv, k) })
 			// Ceph-CSI 3.15+ records the header size; older ones do not.
-			t.Run("encrypted", func(t *testing.T) { csiTestEncrypted(t, srv, k, &csiLuks{header: csiLuksHeader, meta: cc.ns == ""}) })
+			t.Run("encrypted", func(t *testing.T) {
+				csiTestEncrypted(t, srv, k, &harness.CSILuks{Header: harness.CSILuksHeader, Meta: cc.ns == ""})
+			})
 			// A header of another size, recorded nowhere: only the LUKS2
 			// header itself tells.
-			t.Run("encrypted-8MiB-header", func(t *testing.T) { csiTestEncrypted(t, srv, k, &csiLuks{header: 8 * mib}) })
+			t.Run("encrypted-8MiB-header", func(t *testing.T) { csiTestEncrypted(t, srv, k, &harness.CSILuks{Header: 8 * harness.MiB}) })
 			t.Run("errors", func(t *testing.T) { csiTestErrors(t, srv, k) })
 		})
 	}
 }
 
-const csiVolSize = 32 * mib // 8 objects
+const csiVolSize = 32 * harness.MiB // 8 objects
 
 // csiTestPlain: a volume with two snapshots and writes between them, by
 // handle, and mixed with native IDs of the same image.
-func csiTestPlain(t *testing.T, srv *csiServer, k *csiCluster) {
-	v := k.createVolume(t, csiVolSize, nil)
-	for _, w := range [][2]uint64{{0, 4096}, {5*mib + 12288, 8192}, {9 * mib, 64 << 10}, {12 * mib, objSize}, {20*mib + 7, 100}, {csiVolSize - 4096, 4096}} {
-		v.write(t, w[0], w[1])
+func csiTestPlain(t *testing.T, srv *csiServer, k *harness.CSICluster) {
+	v := k.CreateVolume(t, csiVolSize, nil)
+	for _, w := range [][2]uint64{{0, 4096}, {5*harness.MiB + 12288, 8192}, {9 * harness.MiB, 64 << 10}, {12 * harness.MiB, harness.ObjSize}, {20*harness.MiB + 7, 100}, {csiVolSize - 4096, 4096}} {
+		v.Write(t, w[0], w[1])
 	}
-	n1 := v.nativeSnap(t, "n1")
-	s1 := v.snapshot(t)
-	v.write(t, 4096, 8192)        // overwrite, and grow
-	v.write(t, 9*mib+1000, 50)    // small, unaligned
-	v.write(t, 16*mib-2048, 4096) // across an object boundary
-	v.discard(t, 12*mib, objSize) // a whole object discarded
-	v.write(t, 28*mib, 4096)      // a new object
-	s2 := v.snapshot(t)
-	n2 := v.nativeSnap(t, "n2")
-	v.write(t, 24*mib, 4096) // the head moves on: no answer may see it
-	d1, d2 := s1.data(t), s2.data(t)
-	between := v.writes[s1.mark:s2.mark]
+	n1 := v.NativeSnap(t, "n1")
+	s1 := v.Snapshot(t)
+	v.Write(t, 4096, 8192)                        // overwrite, and grow
+	v.Write(t, 9*harness.MiB+1000, 50)            // small, unaligned
+	v.Write(t, 16*harness.MiB-2048, 4096)         // across an object boundary
+	v.Discard(t, 12*harness.MiB, harness.ObjSize) // a whole object discarded
+	v.Write(t, 28*harness.MiB, 4096)              // a new object
+	s2 := v.Snapshot(t)
+	n2 := v.NativeSnap(t, "n2")
+	v.Write(t, 24*harness.MiB, 4096) // the head moves on: no answer may see it
+	d1, d2 := s1.Data(t), s2.Data(t)
+	between := v.Writes[s1.Mark:s2.Mark]
 
-	csiCheckOracle(t, "allocated s1", srv.mustQuery(t, "", s1.handle(), 0), nil, d1, 0)
-	csiCheckOracle(t, "allocated s2", srv.mustQuery(t, "", s2.handle(), 0), nil, d2, 0)
-	delta := srv.mustQuery(t, s1.handle(), s2.handle(), 0)
+	csiCheckOracle(t, "allocated s1", srv.mustQuery(t, "", s1.Handle(), 0), nil, d1, 0)
+	csiCheckOracle(t, "allocated s2", srv.mustQuery(t, "", s2.Handle(), 0), nil, d2, 0)
+	delta := srv.mustQuery(t, s1.Handle(), s2.Handle(), 0)
 	csiCheckOracle(t, "delta s1..s2", delta, d1, d2, 0)
 	csiCheckTouched(t, "delta s1..s2", delta, 0, between)
-	from := srv.mustQuery(t, s1.handle(), s2.handle(), int64(9*mib+512))
-	csiCheckOracle(t, "delta s1..s2 from 9 MiB+512", from, d1, d2, int64(9*mib+512))
+	from := srv.mustQuery(t, s1.Handle(), s2.Handle(), int64(9*harness.MiB+512))
+	csiCheckOracle(t, "delta s1..s2 from 9 MiB+512", from, d1, d2, int64(9*harness.MiB+512))
 
 	// Native IDs and handles of the same image mix.
-	mixed := srv.mustQuery(t, n1, s2.handle(), 0)
+	mixed := srv.mustQuery(t, n1, s2.Handle(), 0)
 	csiCheckOracle(t, "delta native n1..handle s2", mixed, d1, d2, 0)
 	csiCheckTouched(t, "delta native n1..handle s2", mixed, 0, between)
-	mixed = srv.mustQuery(t, s1.handle(), n2, 0)
+	mixed = srv.mustQuery(t, s1.Handle(), n2, 0)
 	csiCheckOracle(t, "delta handle s1..native n2", mixed, d1, d2, 0)
 
-	srv.wantCode(t, s2.handle(), s1.handle(), codes.InvalidArgument, "not older")
-	srv.wantCode(t, n2, s1.handle(), codes.InvalidArgument, "not older")
+	srv.wantCode(t, s2.Handle(), s1.Handle(), codes.InvalidArgument, "not older")
+	srv.wantCode(t, n2, s1.Handle(), codes.InvalidArgument, "not older")
 
 	// Snapshots of different volumes.
-	w := k.createVolume(t, csiVolSize, nil)
-	w.write(t, 0, 4096)
-	nw := w.nativeSnap(t, "nw")
-	ws := w.snapshot(t)
-	srv.wantCode(t, s1.handle(), ws.handle(), codes.InvalidArgument, "different volumes")
-	srv.wantCode(t, nw, s2.handle(), codes.InvalidArgument, "different volumes")
+	w := k.CreateVolume(t, csiVolSize, nil)
+	w.Write(t, 0, 4096)
+	nw := w.NativeSnap(t, "nw")
+	ws := w.Snapshot(t)
+	srv.wantCode(t, s1.Handle(), ws.Handle(), codes.InvalidArgument, "different volumes")
+	srv.wantCode(t, nw, s2.Handle(), codes.InvalidArgument, "different volumes")
 }
 
 // csiTestClone: a volume restored from a snapshot is itself a clone (of
 // csi-snap-<uuid>@csi-snap-<uuid>, itself a clone of a trash snapshot);
 // its snapshots' allocated blocks include the whole parent chain.
-func csiTestClone(t *testing.T, srv *csiServer, k *csiCluster) {
-	a := k.createVolume(t, csiVolSize, nil)
-	for _, w := range [][2]uint64{{0, 8192}, {6 * mib, 64 << 10}, {13*mib + 3, 5000}, {31 * mib, mib}} {
-		a.write(t, w[0], w[1])
+func csiTestClone(t *testing.T, srv *csiServer, k *harness.CSICluster) {
+	a := k.CreateVolume(t, csiVolSize, nil)
+	for _, w := range [][2]uint64{{0, 8192}, {6 * harness.MiB, 64 << 10}, {13*harness.MiB + 3, 5000}, {31 * harness.MiB, harness.MiB}} {
+		a.Write(t, w[0], w[1])
 	}
-	sa := a.snapshot(t)
-	a.write(t, 2*mib, 4096) // after the snapshot: not in the restored volume
+	sa := a.Snapshot(t)
+	a.Write(t, 2*harness.MiB, 4096) // after the snapshot: not in the restored volume
 
-	r := sa.restore(t)
-	r.write(t, 1*mib, 4096)
-	r.write(t, 6*mib+4096, 4096) // inside data inherited from a
-	t1 := r.snapshot(t)
-	r.write(t, 1*mib+8192, 4096)
-	r.write(t, 13*mib, 4096) // overwrites inherited data
-	r.discard(t, 31*mib, mib)
-	r.write(t, 20*mib, 12288)
-	t2 := r.snapshot(t)
-	d1, d2 := t1.data(t), t2.data(t)
+	r := sa.Restore(t)
+	r.Write(t, 1*harness.MiB, 4096)
+	r.Write(t, 6*harness.MiB+4096, 4096) // inside data inherited from a
+	t1 := r.Snapshot(t)
+	r.Write(t, 1*harness.MiB+8192, 4096)
+	r.Write(t, 13*harness.MiB, 4096) // overwrites inherited data
+	r.Discard(t, 31*harness.MiB, harness.MiB)
+	r.Write(t, 20*harness.MiB, 12288)
+	t2 := r.Snapshot(t)
+	d1, d2 := t1.Data(t), t2.Data(t)
 
-	csiCheckOracle(t, "allocated t1 (with parent chain)", srv.mustQuery(t, "", t1.handle(), 0), nil, d1, 0)
-	csiCheckOracle(t, "allocated t2 (with parent chain)", srv.mustQuery(t, "", t2.handle(), 0), nil, d2, 0)
-	delta := srv.mustQuery(t, t1.handle(), t2.handle(), 0)
+	csiCheckOracle(t, "allocated t1 (with parent chain)", srv.mustQuery(t, "", t1.Handle(), 0), nil, d1, 0)
+	csiCheckOracle(t, "allocated t2 (with parent chain)", srv.mustQuery(t, "", t2.Handle(), 0), nil, d2, 0)
+	delta := srv.mustQuery(t, t1.Handle(), t2.Handle(), 0)
 	csiCheckOracle(t, "delta t1..t2", delta, d1, d2, 0)
-	csiCheckTouched(t, "delta t1..t2", delta, 0, r.writes[t1.mark:t2.mark])
+	csiCheckTouched(t, "delta t1..t2", delta, 0, r.Writes[t1.Mark:t2.Mark])
 
 	// The restored volume and its source are different volumes.
-	srv.wantCode(t, sa.handle(), t2.handle(), codes.InvalidArgument, "different volumes")
+	srv.wantCode(t, sa.Handle(), t2.Handle(), codes.InvalidArgument, "different volumes")
 }
 
 // csiTestFlattened: once Ceph-CSI flattened a snapshot's clone, the
 // snapshot has no common history with its volume: deltas need a full
 // backup, allocated blocks still work, from the clone itself.
-func csiTestFlattened(t *testing.T, srv *csiServer, k *csiCluster) {
-	v := k.createVolume(t, csiVolSize, nil)
-	v.write(t, 0, 4096)
-	v.write(t, 7*mib, 2*mib)
-	s1 := v.snapshot(t)
-	v.write(t, 3*mib, 4096)
-	v.write(t, 30*mib+100, 200)
-	s2 := v.snapshot(t)
-	d2 := s2.data(t)
-	s2.flatten(t)
-	v.write(t, 17*mib, 4096)
-	s3 := v.snapshot(t)
+func csiTestFlattened(t *testing.T, srv *csiServer, k *harness.CSICluster) {
+	v := k.CreateVolume(t, csiVolSize, nil)
+	v.Write(t, 0, 4096)
+	v.Write(t, 7*harness.MiB, 2*harness.MiB)
+	s1 := v.Snapshot(t)
+	v.Write(t, 3*harness.MiB, 4096)
+	v.Write(t, 30*harness.MiB+100, 200)
+	s2 := v.Snapshot(t)
+	d2 := s2.Data(t)
+	s2.Flatten(t)
+	v.Write(t, 17*harness.MiB, 4096)
+	s3 := v.Snapshot(t)
 
 	// The flattened clone's own snapshot still holds what s2 captured.
-	clone := k.openImage(t, s2.clone)
-	if got := csiReadSnap(t, k.ioctx, s2.clone, csiSnapID(t, clone, s2.clone)); !bytes.Equal(got, d2) {
-		t.Fatalf("flattened %s@%s differs from what the snapshot captured", s2.clone, s2.clone)
+	clone := k.OpenImage(t, s2.Clone)
+	if got := harness.CSIReadSnap(t, k.IOCtx, s2.Clone, harness.CSISnapID(t, clone, s2.Clone)); !bytes.Equal(got, d2) {
+		t.Fatalf("flattened %s@%s differs from what the snapshot captured", s2.Clone, s2.Clone)
 	}
 
-	csiCheckOracle(t, "allocated flattened s2", srv.mustQuery(t, "", s2.handle(), 0), nil, d2, 0)
-	srv.wantCode(t, s1.handle(), s2.handle(), codes.FailedPrecondition, "full backup")
-	srv.wantCode(t, s2.handle(), s3.handle(), codes.FailedPrecondition, "full backup")
+	csiCheckOracle(t, "allocated flattened s2", srv.mustQuery(t, "", s2.Handle(), 0), nil, d2, 0)
+	srv.wantCode(t, s1.Handle(), s2.Handle(), codes.FailedPrecondition, "full backup")
+	srv.wantCode(t, s2.Handle(), s3.Handle(), codes.FailedPrecondition, "full backup")
 	// The others are untouched.
-	csiCheckOracle(t, "delta s1..s3 past a flattened s2", srv.mustQuery(t, s1.handle(), s3.handle(), 0), s1.data(t), s3.data(t), 0)
+	csiCheckOracle(t, "delta s1..s3 past a flattened s2", srv.mustQuery(t, s1.Handle(), s3.Handle(), 0), s1.Data(t), s3.Data(t), 0)
 }
 
 // csiTestEncrypted: a LUKS2-encrypted volume is reported as its user sees
 // it, after the LUKS header; changes inside the header (a key rotation)
 // are not reported.
-func csiTestEncrypted(t *testing.T, srv *csiServer, k *csiCluster, luks *csiLuks) {
-	v := k.createVolume(t, csiVolSize, luks)
-	for _, w := range [][2]uint64{{0, 4096}, {3 * mib, 64 << 10}, {20*mib + 5, 3}, {csiVolSize - 4096, 4096}} {
-		v.write(t, w[0], w[1])
+func csiTestEncrypted(t *testing.T, srv *csiServer, k *harness.CSICluster, luks *harness.CSILuks) {
+	v := k.CreateVolume(t, csiVolSize, luks)
+	for _, w := range [][2]uint64{{0, 4096}, {3 * harness.MiB, 64 << 10}, {20*harness.MiB + 5, 3}, {csiVolSize - 4096, 4096}} {
+		v.Write(t, w[0], w[1])
 	}
-	e1 := v.snapshot(t)
-	v.write(t, 8192, 4096)
-	v.write(t, 10*mib, objSize)
-	v.writeRaw(t, 5*mib, 4096) // the keyslots area changes: not user data
-	v.discard(t, 20*mib, objSize)
-	e2 := v.snapshot(t)
-	d1, d2 := v.user(e1.data(t)), v.user(e2.data(t))
+	e1 := v.Snapshot(t)
+	v.Write(t, 8192, 4096)
+	v.Write(t, 10*harness.MiB, harness.ObjSize)
+	v.WriteRaw(t, 5*harness.MiB, 4096) // the keyslots area changes: not user data
+	v.Discard(t, 20*harness.MiB, harness.ObjSize)
+	e2 := v.Snapshot(t)
+	d1, d2 := v.User(e1.Data(t)), v.User(e2.Data(t))
 
-	alloc := srv.mustQuery(t, "", e1.handle(), 0)
+	alloc := srv.mustQuery(t, "", e1.Handle(), 0)
 	csiCheckOracle(t, "allocated e1", alloc, nil, d1, 0)
 	if len(alloc.extents) == 0 || alloc.extents[0].Offset != 0 {
 		t.Errorf("allocated e1: the write at user offset 0 is not the first extent: %v", alloc.extents)
 	}
-	csiCheckOracle(t, "allocated e2", srv.mustQuery(t, "", e2.handle(), 0), nil, d2, 0)
-	delta := srv.mustQuery(t, e1.handle(), e2.handle(), 0)
+	csiCheckOracle(t, "allocated e2", srv.mustQuery(t, "", e2.Handle(), 0), nil, d2, 0)
+	delta := srv.mustQuery(t, e1.Handle(), e2.Handle(), 0)
 	csiCheckOracle(t, "delta e1..e2", delta, d1, d2, 0)
-	csiCheckTouched(t, "delta e1..e2", delta, v.header, v.writes[e1.mark:e2.mark])
-	from := srv.mustQuery(t, e1.handle(), e2.handle(), int64(10*mib+4096))
-	csiCheckOracle(t, "delta e1..e2 from 10 MiB+4 KiB", from, d1, d2, int64(10*mib+4096))
-	if end := srv.mustQuery(t, "", e2.handle(), int64(len(d2))); len(end.extents) != 0 {
+	csiCheckTouched(t, "delta e1..e2", delta, v.Header, v.Writes[e1.Mark:e2.Mark])
+	from := srv.mustQuery(t, e1.Handle(), e2.Handle(), int64(10*harness.MiB+4096))
+	csiCheckOracle(t, "delta e1..e2 from 10 MiB+4 KiB", from, d1, d2, int64(10*harness.MiB+4096))
+	if end := srv.mustQuery(t, "", e2.Handle(), int64(len(d2))); len(end.extents) != 0 {
 		t.Errorf("allocated e2 from its capacity: %v, want none", end.extents)
 	}
 }
 
 // csiTestErrors: handles that name no snapshot.
-func csiTestErrors(t *testing.T, srv *csiServer, k *csiCluster) {
-	v := k.createVolume(t, 8*mib, nil)
-	v.write(t, 0, 4096)
-	s := v.snapshot(t)
-	srv.wantCode(t, "", v.handle(), codes.NotFound, "names a volume")
-	srv.wantCode(t, s.handle(), v.handle(), codes.NotFound, "names a volume")
-	srv.wantCode(t, "", k.handle(csiUUID(t)), codes.NotFound, "no Ceph-CSI snapshot")
-	srv.wantCode(t, "", fmt.Sprintf("0001-%04x-%s-%016x-%s", len(k.id), k.id, int64(0x7fff0000), s.uuid), codes.NotFound, "pool ID")
-	srv.wantCode(t, "", "0001-0007-no-such-0000000000000001-"+s.uuid, codes.NotFound, "no-such")
-	h := s.handle()
+func csiTestErrors(t *testing.T, srv *csiServer, k *harness.CSICluster) {
+	v := k.CreateVolume(t, 8*harness.MiB, nil)
+	v.Write(t, 0, 4096)
+	s := v.Snapshot(t)
+	srv.wantCode(t, "", v.Handle(), codes.NotFound, "names a volume")
+	srv.wantCode(t, s.Handle(), v.Handle(), codes.NotFound, "names a volume")
+	srv.wantCode(t, "", k.Handle(harness.CSIUUID(t)), codes.NotFound, "no Ceph-CSI snapshot")
+	srv.wantCode(t, "", fmt.Sprintf("0001-%04x-%s-%016x-%s", len(k.ID), k.ID, int64(0x7fff0000), s.UUID), codes.NotFound, "pool ID")
+	srv.wantCode(t, "", "0001-0007-no-such-0000000000000001-"+s.UUID, codes.NotFound, "no-such")
+	h := s.Handle()
 	srv.wantCode(t, "", h[:len(h)-1]+"g", codes.InvalidArgument, "uuid")
-	srv.wantCode(t, "", "0001-0099-"+k.id+fmt.Sprintf("-%016x-%s", k.poolID, s.uuid), codes.InvalidArgument, "length")
+	srv.wantCode(t, "", "0001-0099-"+k.ID+fmt.Sprintf("-%016x-%s", k.PoolID, s.UUID), codes.InvalidArgument, "length")
 }

@@ -1,18 +1,55 @@
 //go:build e2e
 
-// Package e2e holds the end-to-end tests that run against a real Ceph reef
-// cluster (e2e/cluster.sh) inside the reef root filesystem (e2e/rootfs.sh).
-// Run them with e2e/run-e2e.sh (make e2e), or by hand:
+// Package e2e holds the end-to-end tests: the server, its client, the
+// sidecar and the charts against a real Ceph cluster and real Kubernetes
+// components, nothing mocked.
+//
+// # How the suite runs
+//
+// ./dev.sh e2e [go test args] (e2e/run-e2e.sh) builds the server
+// (bin/rbd-snapshot-metadata) and finds or builds the Kubernetes binaries
+// (e2e/k8s/k8s.sh), then e2e/with-cluster.sh starts a throwaway cluster
+// (e2e/cluster.sh: one monitor, one OSD, the pool rbd with namespace ns1,
+// the users client.admin and client.csi, csi-config.json), exports its env
+// file, runs go test on ./e2e/ and removes the cluster. The test binary is
+// built on the host against Debian 12's pacific headers (-tags pacific,e2e)
+// and run by e2e/exec.sh inside the Ceph release's root filesystem
+// (e2e/rootfs.sh: reef 18.2.7, or tentacle 20.2.4 with RSM_CEPH=tentacle),
+// whose librbd has rbd_diff_iterate3; the folders it needs are bound at
+// their own paths (RSM_BIND). By hand:
 //
 //	e2e/cluster.sh start /var/tmp/rsm-c && set -a && . /var/tmp/rsm-c/env && set +a
 //	./dev.sh build    # the server tests run bin/rbd-snapshot-metadata
 //	RSM_SERVER_BIN=$PWD/bin/rbd-snapshot-metadata RSM_BIND="/var/tmp/rsm-c $PWD/bin" \
 //	  go test -tags pacific,e2e -count=1 -exec "$PWD/e2e/exec.sh" ./e2e/
 //
-// RSM_E2E_BIG=1 adds the slow variants (TestManyWrites with 2^20 writes).
+// Knobs: RSM_E2E_SEED=n replays one seed of the oracle tests, RSM_E2E_SEEDS=n
+// runs n seeds (default 12); RSM_E2E_BIG=1 adds the slow variants
+// (TestManyWrites with 2^20 writes); RSM_BENCH=1 runs the benchmark
+// (e2e/run-bench.sh); RSM_CLIENT_CEPH picks the librbd the tests and the
+// server run with, RSM_CEPH the cluster's release (./dev.sh matrix).
 //
-// The test binary is built on the host against Debian 12's pacific headers
-// and runs in the rootfs against reef's librbd, which has rbd_diff_iterate3.
+// # What the harness offers
+//
+// The package e2e/harness holds what more than one test file uses, with
+// the e2e tag too; its doc lists it by file. In short: ClusterEnv reads the
+// cluster's env file (a missing variable fails the test: an e2e run
+// without a cluster is an error); ConnectAdmin, CreateImage, Snapshot and
+// RbdCLI make images and snapshots; NewCSICluster lays out volumes and
+// snapshots as Ceph-CSI does; StartServer runs the released binary on a
+// socket and Server.Get calls its RPCs with the raw CSI client, with
+// CheckStream for the spec's stream invariants; RbdDiffOf and
+// ChangedBytes are the references; StartInProc, StartProc, PauseDaemon,
+// KillOSD and SlowReader make the faults. Every helper takes the test
+// first, fails it on its own errors, and undoes what it made when the test
+// ends. A helper that one file uses stays in that file.
+//
+// The package e2e/oracle is precise mode's byte oracle, built on the
+// harness: random histories on real images made of named scenarios
+// (oracle.Shapes, the kinds a seed picks; oracle.Steps, the steps of its
+// random histories), every snapshot read back, and every mode's answer
+// judged against those bytes, with the table TestPreciseOracle prints.
+// The precise_*_test.go files and concurrent_removal_test.go use it.
 //
 // # Index
 //
@@ -22,21 +59,10 @@
 // after them). layout_test.go at the repository's root checks that this
 // index names every Test function of every file, and nothing else.
 //
-// The harness, and the helpers the other files share (files without a
-// test hold helpers only):
+// The harness's own tests, of the references the other tests trust:
 //
 //   - harness_test.go: TestHarnessDiffTrashSnapshotsByID,
 //     TestHarnessCSIUserAndNamespace
-//   - server_helpers_test.go: (helpers: the server binary as a
-//     subprocess, raw CSI calls, the spec's stream invariants, rbd diff and
-//     byte references)
-//   - csi_fixture_test.go: (helpers: volumes and snapshots laid out as
-//     Ceph-CSI's controller makes them)
-//   - reliability_helpers_test.go: (helpers: faults in the cluster's
-//     daemons, a restartable server process, /metrics, the in-process
-//     server of rbd.Source, internal/rbddriver, driver and server.Run)
-//   - precise_histories_test.go: (helpers: the kinds of history
-//     TestPreciseOracle mixes into its random ones)
 //
 // Answers: every RPC against references (rbd diff, the bytes of the
 // snapshots, librbd's own diff), every ID form, paging and resuming:
@@ -74,8 +100,6 @@
 //
 //   - concurrent_removal_test.go: TestSnapshotRemovedMidStream,
 //     TestCSIDeleteSnapshotMidStream
-//   - precise_removal_test.go: (helpers: TestPreciseOracle's "concurrent
-//     removal" histories)
 //
 // Reliability: cancels, panics, limits, load, memory, secrets in logs,
 // shutdown, and faults of the cluster that streams resume past:

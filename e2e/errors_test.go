@@ -20,6 +20,8 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/harness"
 )
 
 // TestErrors checks the status codes of requests that cannot be served,
@@ -27,19 +29,19 @@ import (
 // do not fit together, or the secrets are missing. No error may come with
 // a page, and no status message may contain a key.
 func TestErrors(t *testing.T) {
-	conn := connectAdmin(t)
-	a, img := createVolume(t, conn, "", "err-a", 8*mib, imageFeatures)
-	fillAt(t, img, 0, 4*kib)
-	snapshot(t, img, "s1")
-	fillAt(t, img, 4*kib, 4*kib)
-	snapshot(t, img, "s2")
-	b, imgB := createVolume(t, conn, "", "err-b", 8*mib, imageFeatures)
-	snapshot(t, imgB, "s1")
-	ns, imgNS := createVolume(t, conn, namespace, "err-ns", 8*mib, imageFeatures)
-	snapshot(t, imgNS, "s1")
-	srv := startServer(t, "--ceph-connect-timeout=5s")
+	conn := harness.ConnectAdmin(t)
+	a, img := harness.CreateVolume(t, conn, "", "err-a", 8*harness.MiB, harness.ImageFeatures)
+	harness.FillAt(t, img, 0, 4*harness.KiB)
+	harness.Snapshot(t, img, "s1")
+	harness.FillAt(t, img, 4*harness.KiB, 4*harness.KiB)
+	harness.Snapshot(t, img, "s2")
+	b, imgB := harness.CreateVolume(t, conn, "", "err-b", 8*harness.MiB, harness.ImageFeatures)
+	harness.Snapshot(t, imgB, "s1")
+	ns, imgNS := harness.CreateVolume(t, conn, harness.Namespace, "err-ns", 8*harness.MiB, harness.ImageFeatures)
+	harness.Snapshot(t, imgNS, "s1")
+	srv := harness.StartServer(t, "--ceph-connect-timeout=5s")
 
-	secrets := csiSecrets(t)
+	secrets := harness.CSISecrets(t)
 	without := func(k string) map[string]string {
 		m := map[string]string{}
 		for key, v := range secrets {
@@ -49,64 +51,64 @@ func TestErrors(t *testing.T) {
 		}
 		return m
 	}
-	A := func(snap string) string { return a.id(snap) }
+	A := func(snap string) string { return a.ID(snap) }
 	for _, tc := range []struct {
 		name string
-		req  metaReq
+		req  harness.MetaReq
 		want codes.Code
 	}{
 		// Allocated
-		{"unknown cluster", metaReq{target: "no-such-cluster/rbd/" + a.name + "@s1"}, codes.NotFound},
-		{"unknown pool", metaReq{target: clusterID + "/no-such-pool/" + a.name + "@s1"}, codes.NotFound},
-		{"unknown namespace", metaReq{target: clusterID + "/rbd/no-such-ns/" + a.name + "@s1"}, codes.NotFound},
-		{"unknown image", metaReq{target: clusterID + "/rbd/no-such-image@s1"}, codes.NotFound},
-		{"unknown snapshot", metaReq{target: A("no-such-snap")}, codes.NotFound},
-		{"image of another namespace", metaReq{target: clusterIDNS + "/rbd/" + a.name + "@s1"}, codes.NotFound},
-		{"namespace image without its namespace", metaReq{target: clusterID + "/rbd/" + ns.name + "@s1"}, codes.NotFound},
-		{"empty ID", metaReq{target: ""}, codes.InvalidArgument},
-		{"ID without cluster", metaReq{target: "rbd/" + a.name + "@s1"}, codes.InvalidArgument},
-		{"ID without snapshot", metaReq{target: clusterID + "/rbd/" + a.name}, codes.InvalidArgument},
-		{"ID with empty snapshot", metaReq{target: A("")}, codes.InvalidArgument},
-		{"ID with too many parts", metaReq{target: clusterID + "/rbd/ns1/x/" + a.name + "@s1"}, codes.InvalidArgument},
-		{"negative max_results", metaReq{target: A("s1"), max: -1}, codes.InvalidArgument},
-		{"no secrets", metaReq{target: A("s1"), secrets: map[string]string{}}, codes.InvalidArgument},
-		{"no userKey", metaReq{target: A("s1"), secrets: without("userKey")}, codes.InvalidArgument},
-		{"no userID", metaReq{target: A("s1"), secrets: without("userID")}, codes.InvalidArgument},
-		{"userKey not a cephx key", metaReq{target: A("s1"), secrets: map[string]string{"userID": secrets["userID"], "userKey": "not a key!"}}, codes.InvalidArgument},
+		{"unknown cluster", harness.MetaReq{Target: "no-such-cluster/rbd/" + a.Name + "@s1"}, codes.NotFound},
+		{"unknown pool", harness.MetaReq{Target: harness.ClusterID + "/no-such-pool/" + a.Name + "@s1"}, codes.NotFound},
+		{"unknown namespace", harness.MetaReq{Target: harness.ClusterID + "/rbd/no-such-ns/" + a.Name + "@s1"}, codes.NotFound},
+		{"unknown image", harness.MetaReq{Target: harness.ClusterID + "/rbd/no-such-image@s1"}, codes.NotFound},
+		{"unknown snapshot", harness.MetaReq{Target: A("no-such-snap")}, codes.NotFound},
+		{"image of another namespace", harness.MetaReq{Target: harness.ClusterIDNS + "/rbd/" + a.Name + "@s1"}, codes.NotFound},
+		{"namespace image without its namespace", harness.MetaReq{Target: harness.ClusterID + "/rbd/" + ns.Name + "@s1"}, codes.NotFound},
+		{"empty ID", harness.MetaReq{Target: ""}, codes.InvalidArgument},
+		{"ID without cluster", harness.MetaReq{Target: "rbd/" + a.Name + "@s1"}, codes.InvalidArgument},
+		{"ID without snapshot", harness.MetaReq{Target: harness.ClusterID + "/rbd/" + a.Name}, codes.InvalidArgument},
+		{"ID with empty snapshot", harness.MetaReq{Target: A("")}, codes.InvalidArgument},
+		{"ID with too many parts", harness.MetaReq{Target: harness.ClusterID + "/rbd/ns1/x/" + a.Name + "@s1"}, codes.InvalidArgument},
+		{"negative max_results", harness.MetaReq{Target: A("s1"), Max: -1}, codes.InvalidArgument},
+		{"no secrets", harness.MetaReq{Target: A("s1"), Secrets: map[string]string{}}, codes.InvalidArgument},
+		{"no userKey", harness.MetaReq{Target: A("s1"), Secrets: without("userKey")}, codes.InvalidArgument},
+		{"no userID", harness.MetaReq{Target: A("s1"), Secrets: without("userID")}, codes.InvalidArgument},
+		{"userKey not a cephx key", harness.MetaReq{Target: A("s1"), Secrets: map[string]string{"userID": secrets["userID"], "userKey": "not a key!"}}, codes.InvalidArgument},
 		// Delta
-		{"delta: unknown base snapshot", metaReq{base: A("no-such-snap"), target: A("s2")}, codes.NotFound},
-		{"delta: unknown target snapshot", metaReq{base: A("s1"), target: A("no-such-snap")}, codes.NotFound},
-		{"delta: unknown image", metaReq{base: clusterID + "/rbd/no-such-image@s1", target: clusterID + "/rbd/no-such-image@s2"}, codes.NotFound},
+		{"delta: unknown base snapshot", harness.MetaReq{Base: A("no-such-snap"), Target: A("s2")}, codes.NotFound},
+		{"delta: unknown target snapshot", harness.MetaReq{Base: A("s1"), Target: A("no-such-snap")}, codes.NotFound},
+		{"delta: unknown image", harness.MetaReq{Base: harness.ClusterID + "/rbd/no-such-image@s1", Target: harness.ClusterID + "/rbd/no-such-image@s2"}, codes.NotFound},
 		// Native IDs of different images name different volumes whether
 		// or not they exist: the server need not look.
-		{"delta: base in an unknown image", metaReq{base: clusterID + "/rbd/no-such-image@s1", target: A("s2")}, codes.InvalidArgument},
-		{"delta: unknown cluster", metaReq{base: "no-such-cluster/rbd/" + a.name + "@s1", target: "no-such-cluster/rbd/" + a.name + "@s2"}, codes.NotFound},
-		{"delta: base equals target", metaReq{base: A("s2"), target: A("s2")}, codes.InvalidArgument},
-		{"delta: base newer than target", metaReq{base: A("s2"), target: A("s1")}, codes.InvalidArgument},
-		{"delta: snapshots of different images", metaReq{base: A("s1"), target: b.id("s1")}, codes.InvalidArgument},
-		{"delta: snapshots of different images, reversed", metaReq{base: b.id("s1"), target: A("s2")}, codes.InvalidArgument},
-		{"delta: same image name in another namespace", metaReq{base: ns.id("s1"), target: clusterID + "/rbd/" + ns.name + "@s1"}, codes.InvalidArgument},
-		{"delta: snapshots of different clusters", metaReq{base: A("s1"), target: clusterIDNS + "/rbd/" + a.name + "@s2"}, codes.InvalidArgument},
-		{"delta: malformed base", metaReq{base: "rbd@s1", target: A("s2")}, codes.InvalidArgument},
-		{"delta: no secrets", metaReq{base: A("s1"), target: A("s2"), secrets: map[string]string{}}, codes.InvalidArgument},
-		{"delta: negative max_results", metaReq{base: A("s1"), target: A("s2"), max: -5}, codes.InvalidArgument},
+		{"delta: base in an unknown image", harness.MetaReq{Base: harness.ClusterID + "/rbd/no-such-image@s1", Target: A("s2")}, codes.InvalidArgument},
+		{"delta: unknown cluster", harness.MetaReq{Base: "no-such-cluster/rbd/" + a.Name + "@s1", Target: "no-such-cluster/rbd/" + a.Name + "@s2"}, codes.NotFound},
+		{"delta: base equals target", harness.MetaReq{Base: A("s2"), Target: A("s2")}, codes.InvalidArgument},
+		{"delta: base newer than target", harness.MetaReq{Base: A("s2"), Target: A("s1")}, codes.InvalidArgument},
+		{"delta: snapshots of different images", harness.MetaReq{Base: A("s1"), Target: b.ID("s1")}, codes.InvalidArgument},
+		{"delta: snapshots of different images, reversed", harness.MetaReq{Base: b.ID("s1"), Target: A("s2")}, codes.InvalidArgument},
+		{"delta: same image name in another namespace", harness.MetaReq{Base: ns.ID("s1"), Target: harness.ClusterID + "/rbd/" + ns.Name + "@s1"}, codes.InvalidArgument},
+		{"delta: snapshots of different clusters", harness.MetaReq{Base: A("s1"), Target: harness.ClusterIDNS + "/rbd/" + a.Name + "@s2"}, codes.InvalidArgument},
+		{"delta: malformed base", harness.MetaReq{Base: "rbd@s1", Target: A("s2")}, codes.InvalidArgument},
+		{"delta: no secrets", harness.MetaReq{Base: A("s1"), Target: A("s2"), Secrets: map[string]string{}}, codes.InvalidArgument},
+		{"delta: negative max_results", harness.MetaReq{Base: A("s1"), Target: A("s2"), Max: -5}, codes.InvalidArgument},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := tc.req
-			if r.secrets == nil {
-				r.secrets = secrets
+			if r.Secrets == nil {
+				r.Secrets = secrets
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			t0 := time.Now()
-			m := srv.call(ctx, r)
+			m := srv.Call(ctx, r)
 			checkFailure(t, srv, r, m, tc.want)
-			t.Logf("%v: %v (%v)", r, m.err, time.Since(t0).Round(time.Millisecond))
+			t.Logf("%v: %v (%v)", r, m.Err, time.Since(t0).Round(time.Millisecond))
 		})
 	}
 
 	// GetMetadataDelta without a base is not an Allocated call: the raw
-	// client must be used, as metaReq turns an empty base into Allocated.
+	// client must be used, as harness.MetaReq turns an empty base into Allocated.
 	t.Run("delta: empty base_snapshot_id", func(t *testing.T) {
 		rawDeltaFails(t, srv, "", A("s2"), codes.InvalidArgument)
 	})
@@ -117,31 +119,31 @@ func TestErrors(t *testing.T) {
 
 // checkFailure checks that a call failed with code want, sent no page,
 // and that its message contains no key.
-func checkFailure(t testing.TB, srv *rsmServer, r metaReq, m metaStream, want codes.Code) {
+func checkFailure(t testing.TB, srv *harness.Server, r harness.MetaReq, m harness.MetaStream, want codes.Code) {
 	t.Helper()
-	if got := status.Code(m.err); got != want {
-		t.Errorf("%v: %v, want %v", r, m.err, want)
+	if got := status.Code(m.Err); got != want {
+		t.Errorf("%v: %v, want %v", r, m.Err, want)
 	}
-	if len(m.pages) > 0 {
-		t.Errorf("%v: %d pages before the error", r, len(m.pages))
+	if len(m.Pages) > 0 {
+		t.Errorf("%v: %d pages before the error", r, len(m.Pages))
 	}
-	msg := status.Convert(m.err).Message()
+	msg := status.Convert(m.Err).Message()
 	if msg == "" {
-		t.Errorf("%v: %v has no message", r, m.err)
+		t.Errorf("%v: %v has no message", r, m.Err)
 	}
-	for _, k := range srv.hide {
+	for _, k := range srv.Hide {
 		if k != "" && strings.Contains(msg, k) {
 			t.Errorf("%v: the status message contains a key: %q", r, msg)
 		}
 	}
 }
 
-func rawDeltaFails(t testing.TB, srv *rsmServer, base, target string, want codes.Code) {
+func rawDeltaFails(t testing.TB, srv *harness.Server, base, target string, want codes.Code) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	st, err := srv.sm.GetMetadataDelta(ctx, &csi.GetMetadataDeltaRequest{
-		BaseSnapshotId: base, TargetSnapshotId: target, Secrets: csiSecrets(t)})
+	st, err := srv.SM.GetMetadataDelta(ctx, &csi.GetMetadataDeltaRequest{
+		BaseSnapshotId: base, TargetSnapshotId: target, Secrets: harness.CSISecrets(t)})
 	if err == nil {
 		_, err = st.Recv()
 	}
@@ -171,18 +173,18 @@ func wrongKey(t testing.TB, key string) string {
 // status message nor in the server's log, and the right key works
 // afterwards. TestMonitorForms covers every form of monitor address.
 func TestWrongKey(t *testing.T) {
-	conn := connectAdmin(t)
-	v, img := createVolume(t, conn, "", "wrongkey", 8*mib, imageFeatures)
-	fillAt(t, img, 0, 4*kib)
-	snapshot(t, img, "s1")
-	fillAt(t, img, mib, 4*kib)
-	snapshot(t, img, "s2")
+	conn := harness.ConnectAdmin(t)
+	v, img := harness.CreateVolume(t, conn, "", "wrongkey", 8*harness.MiB, harness.ImageFeatures)
+	harness.FillAt(t, img, 0, 4*harness.KiB)
+	harness.Snapshot(t, img, "s1")
+	harness.FillAt(t, img, harness.MiB, 4*harness.KiB)
+	harness.Snapshot(t, img, "s2")
 
 	// A cluster config with two more cluster IDs: the same monitor by its
 	// msgr v2 address, and a monitor address where nothing listens.
-	v2 := regexp.MustCompile(`v2:([0-9.]+:[0-9]+)`).FindStringSubmatch(clusterEnv(t, "CEPH_MON_HOST"))
+	v2 := regexp.MustCompile(`v2:([0-9.]+:[0-9]+)`).FindStringSubmatch(harness.ClusterEnv(t, "CEPH_MON_HOST"))
 	if v2 == nil {
-		t.Fatalf("no v2 address in CEPH_MON_HOST=%s", clusterEnv(t, "CEPH_MON_HOST"))
+		t.Fatalf("no v2 address in CEPH_MON_HOST=%s", harness.ClusterEnv(t, "CEPH_MON_HOST"))
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -191,7 +193,7 @@ func TestWrongKey(t *testing.T) {
 	closed := l.Addr().String()
 	l.Close()
 	config := filepath.Join(t.TempDir(), "config.json")
-	raw, err := os.ReadFile(filepath.Join(clusterEnv(t, "RSM_CLUSTER_DIR"), "csi-config.json"))
+	raw, err := os.ReadFile(filepath.Join(harness.ClusterEnv(t, "RSM_CLUSTER_DIR"), "csi-config.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,27 +209,27 @@ func TestWrongKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	const connectTimeout = 5 * time.Second
-	srv := startServer(t, "--ceph-connect-timeout="+connectTimeout.String(), "--clusterconfig", config)
+	srv := harness.StartServer(t, "--ceph-connect-timeout="+connectTimeout.String(), "--clusterconfig", config)
 
-	user, key := clusterEnv(t, "CEPH_CSI_USER"), clusterEnv(t, "CEPH_CSI_KEY")
+	user, key := harness.ClusterEnv(t, "CEPH_CSI_USER"), harness.ClusterEnv(t, "CEPH_CSI_KEY")
 	bad := wrongKey(t, key)
-	srv.hide = append(srv.hide, bad)
+	srv.Hide = append(srv.Hide, bad)
 	badSecrets := map[string]string{"userID": user, "userKey": bad}
-	viaV2 := func(snap string) string { return "rsm-e2e-v2/rbd/" + v.name + "@" + snap }
+	viaV2 := func(snap string) string { return "rsm-e2e-v2/rbd/" + v.Name + "@" + snap }
 	cases := map[string]struct {
-		req  metaReq
+		req  harness.MetaReq
 		want codes.Code
 	}{
-		"allocated, wrong key":        {metaReq{target: v.id("s2"), secrets: badSecrets}, codes.Unauthenticated},
-		"delta, wrong key":            {metaReq{base: v.id("s1"), target: v.id("s2"), secrets: badSecrets}, codes.Unauthenticated},
-		"unknown user":                {metaReq{target: v.id("s2"), secrets: map[string]string{"userID": uniqueName(t, "nobody"), "userKey": key}}, codes.Unauthenticated},
-		"msgr v2, wrong key":          {metaReq{target: viaV2("s2"), secrets: badSecrets}, codes.Unauthenticated},
-		"msgr v2, right key":          {metaReq{base: viaV2("s1"), target: viaV2("s2")}, codes.OK},
-		"unreachable monitors":        {metaReq{target: "rsm-e2e-down/rbd/" + v.name + "@s2"}, codes.Unavailable},
-		"msgr v1, right key, at once": {metaReq{target: v.id("s2")}, codes.OK},
+		"allocated, wrong key":        {harness.MetaReq{Target: v.ID("s2"), Secrets: badSecrets}, codes.Unauthenticated},
+		"delta, wrong key":            {harness.MetaReq{Base: v.ID("s1"), Target: v.ID("s2"), Secrets: badSecrets}, codes.Unauthenticated},
+		"unknown user":                {harness.MetaReq{Target: v.ID("s2"), Secrets: map[string]string{"userID": harness.UniqueName(t, "nobody"), "userKey": key}}, codes.Unauthenticated},
+		"msgr v2, wrong key":          {harness.MetaReq{Target: viaV2("s2"), Secrets: badSecrets}, codes.Unauthenticated},
+		"msgr v2, right key":          {harness.MetaReq{Base: viaV2("s1"), Target: viaV2("s2")}, codes.OK},
+		"unreachable monitors":        {harness.MetaReq{Target: "rsm-e2e-down/rbd/" + v.Name + "@s2"}, codes.Unavailable},
+		"msgr v1, right key, at once": {harness.MetaReq{Target: v.ID("s2")}, codes.OK},
 	}
 	type result struct {
-		m       metaStream
+		m       harness.MetaStream
 		elapsed time.Duration
 	}
 	results := map[string]result{}
@@ -235,8 +237,8 @@ func TestWrongKey(t *testing.T) {
 	var wg sync.WaitGroup
 	for name, c := range cases {
 		r := c.req
-		if r.secrets == nil {
-			r.secrets = csiSecrets(t)
+		if r.Secrets == nil {
+			r.Secrets = harness.CSISecrets(t)
 		}
 		wg.Add(1)
 		go func() {
@@ -244,7 +246,7 @@ func TestWrongKey(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			t0 := time.Now()
-			m := srv.call(ctx, r)
+			m := srv.Call(ctx, r)
 			mu.Lock()
 			results[name] = result{m, time.Since(t0)}
 			mu.Unlock()
@@ -255,20 +257,20 @@ func TestWrongKey(t *testing.T) {
 		res := results[name]
 		t.Run(name, func(t *testing.T) {
 			if c.want == codes.OK {
-				if res.m.err != nil || len(res.m.tuples()) == 0 {
-					t.Errorf("%v: %d tuples, %v; want tuples", c.req, len(res.m.tuples()), res.m.err)
+				if res.m.Err != nil || len(res.m.Tuples()) == 0 {
+					t.Errorf("%v: %d tuples, %v; want tuples", c.req, len(res.m.Tuples()), res.m.Err)
 				}
-			} else if !unknownUserUnanswered(t, c.want == codes.Unauthenticated, res.m.err) {
+			} else if !unknownUserUnanswered(t, c.want == codes.Unauthenticated, res.m.Err) {
 				checkFailure(t, srv, c.req, res.m, c.want)
 			}
 			if res.elapsed > 3*connectTimeout {
 				t.Errorf("%v took %v; want about the connect timeout of %v at most, well under 30 s", c.req, res.elapsed, connectTimeout)
 			}
-			t.Logf("%d tuples, %v, after %v", len(res.m.tuples()), res.m.err, res.elapsed.Round(time.Millisecond))
+			t.Logf("%d tuples, %v, after %v", len(res.m.Tuples()), res.m.Err, res.elapsed.Round(time.Millisecond))
 		})
 	}
 	// The right key, after the wrong ones.
-	if got := srv.get(t, metaReq{base: v.id("s1"), target: v.id("s2")}); len(got.tuples()) == 0 {
+	if got := srv.Get(t, harness.MetaReq{Base: v.ID("s1"), Target: v.ID("s2")}); len(got.Tuples()) == 0 {
 		t.Errorf("the right key after the wrong ones: no tuples")
 	}
 }
@@ -294,11 +296,11 @@ func unknownUserUnanswered(t testing.TB, refusedLogin bool, err error) bool {
 // both. Neither key may reach the log: librados quotes a key it cannot
 // decode on its own stderr stream.
 func TestKeyOfAnotherType(t *testing.T) {
-	conn := connectAdmin(t)
-	v, img := createVolume(t, conn, "", "keytype", 8*mib, imageFeatures)
-	fillAt(t, img, 0, 4*kib)
-	snapshot(t, img, "s1")
-	srv := startServer(t)
+	conn := harness.ConnectAdmin(t)
+	v, img := harness.CreateVolume(t, conn, "", "keytype", 8*harness.MiB, harness.ImageFeatures)
+	harness.FillAt(t, img, 0, 4*harness.KiB)
+	harness.Snapshot(t, img, "s1")
+	srv := harness.StartServer(t)
 	key := func(typ uint16) string {
 		raw := make([]byte, 2+8+2+32) // type, created, length, secret
 		binary.LittleEndian.PutUint16(raw, typ)
@@ -307,7 +309,7 @@ func TestKeyOfAnotherType(t *testing.T) {
 			t.Fatal(err)
 		}
 		k := base64.StdEncoding.EncodeToString(raw)
-		srv.hide = append(srv.hide, k)
+		srv.Hide = append(srv.Hide, k)
 		return k
 	}
 	tentacle := os.Getenv("RSM_CLIENT_CEPH") == "tentacle"
@@ -321,18 +323,18 @@ func TestKeyOfAnotherType(t *testing.T) {
 		{"type 7", 7, codes.InvalidArgument, "type 7"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			r := metaReq{target: v.id("s1"), secrets: map[string]string{"userID": clusterEnv(t, "CEPH_CSI_USER"), "userKey": key(c.typ)}}
+			r := harness.MetaReq{Target: v.ID("s1"), Secrets: map[string]string{"userID": harness.ClusterEnv(t, "CEPH_CSI_USER"), "userKey": key(c.typ)}}
 			if tentacle && c.typ == 2 {
 				c.want, c.says = codes.Unauthenticated, ""
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			m := srv.call(ctx, r)
-			if c.want == codes.Unauthenticated && unknownUserUnanswered(t, true, m.err) {
+			m := srv.Call(ctx, r)
+			if c.want == codes.Unauthenticated && unknownUserUnanswered(t, true, m.Err) {
 				return
 			}
 			checkFailure(t, srv, r, m, c.want)
-			if msg := status.Convert(m.err).Message(); !strings.Contains(msg, c.says) {
+			if msg := status.Convert(m.Err).Message(); !strings.Contains(msg, c.says) {
 				t.Errorf("%v: %q does not say %q", r, msg, c.says)
 			}
 		})

@@ -15,6 +15,8 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/harness"
 )
 
 // fastDiffMissesShrunk lists the librbd versions measured by
@@ -32,45 +34,45 @@ var fastDiffMissesShrunk = map[string]bool{
 // to s3 of an image shrunk between them (s2 at the small size) and grown
 // again, against the bytes that really changed.
 func TestLibrbdFastDiffShrinkRegrow(t *testing.T) {
-	conn := connectAdmin(t)
+	conn := harness.ConnectAdmin(t)
 	client, clientVersion := librbdRelease(t)
 
-	v, img := createVolume(t, conn, "", "fastdiff", 64*mib, imageFeatures)
-	fillAt(t, img, 0, 4*kib)            // object 0: kept
-	fillAt(t, img, 40*mib+4*kib, 8*kib) // object 10: cut in the middle
-	fillAt(t, img, 60*mib, 4*kib)       // object 15: cut off entirely
-	snapshot(t, img, "s1")
-	resizeImage(t, img, 40*mib+6000)
-	snapshot(t, img, "s2")
-	resizeImage(t, img, 96*mib)
-	fillAt(t, img, 80*mib, 4*kib) // object 20: new
-	snapshot(t, img, "s3")
+	v, img := harness.CreateVolume(t, conn, "", "fastdiff", 64*harness.MiB, harness.ImageFeatures)
+	harness.FillAt(t, img, 0, 4*harness.KiB)                            // object 0: kept
+	harness.FillAt(t, img, 40*harness.MiB+4*harness.KiB, 8*harness.KiB) // object 10: cut in the middle
+	harness.FillAt(t, img, 60*harness.MiB, 4*harness.KiB)               // object 15: cut off entirely
+	harness.Snapshot(t, img, "s1")
+	harness.ResizeImage(t, img, 40*harness.MiB+6000)
+	harness.Snapshot(t, img, "s2")
+	harness.ResizeImage(t, img, 96*harness.MiB)
+	harness.FillAt(t, img, 80*harness.MiB, 4*harness.KiB) // object 20: new
+	harness.Snapshot(t, img, "s3")
 
 	// The object map must be valid, or librbd silently takes its slow,
 	// exact path and the test proves nothing.
-	if info := string(rbdCLI(t, "info", v.spec()+"@s3")); strings.Contains(info, "invalid") {
-		t.Fatalf("object map of %s@s3 is invalid:\n%s", v.spec(), info)
+	if info := string(harness.RbdCLI(t, "info", v.Spec()+"@s3")); strings.Contains(info, "invalid") {
+		t.Fatalf("object map of %s@s3 is invalid:\n%s", v.Spec(), info)
 	}
 
-	objectsOf := func(s []span) map[int64]bool {
+	objectsOf := func(s []harness.Span) map[int64]bool {
 		m := map[int64]bool{}
 		for _, e := range s {
-			for o := e.Offset / int64(objSize); o*int64(objSize) < e.Offset+e.Length; o++ {
+			for o := e.Offset / int64(harness.ObjSize); o*int64(harness.ObjSize) < e.Offset+e.Length; o++ {
 				m[o] = true
 			}
 		}
 		return m
 	}
-	changed := objectsOf(changedBytes(t, v, "s1", "s3"))
+	changed := objectsOf(harness.ChangedBytes(t, v, "s1", "s3"))
 	for _, o := range []int64{10, 15, 20} {
 		if !changed[o] {
 			t.Fatalf("object %d did not change from s1 to s3 (oracle): the scenario is wrong", o)
 		}
 	}
-	exact := objectsOf(wantFromRbdDiff(rbdDiffOf(t, v, "s1", "s3", false), true))
-	whole := objectsOf(wantFromRbdDiff(rbdDiffOf(t, v, "s1", "s3", true), true))
+	exact := objectsOf(harness.WantFromRbdDiff(harness.RbdDiffOf(t, v, "s1", "s3", false), true))
+	whole := objectsOf(harness.WantFromRbdDiff(harness.RbdDiffOf(t, v, "s1", "s3", true), true))
 	var missedExact, missedWhole []int64
-	for o := range int64(96 * mib / objSize) {
+	for o := range int64(96 * harness.MiB / harness.ObjSize) {
 		if changed[o] && !exact[o] {
 			missedExact = append(missedExact, o)
 		}

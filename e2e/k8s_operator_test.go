@@ -53,6 +53,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/harness"
 )
 
 // csiOperatorBin is e2e/k8s/k8s.sh csi-operator's folder: manager,
@@ -453,7 +455,7 @@ func (o *csiOperator) waitReconciled(t *testing.T, driver string, n int) {
 	t.Helper()
 	waitFor(t, o.name()+": a reconcile of "+driver, 2*time.Minute, func() bool {
 		if !o.p.running() {
-			t.Fatalf("%s exited: %v\n%s", o.name(), o.p.err, tail(o.k.log(o.name()), 30))
+			t.Fatalf("%s exited: %v\n%s", o.name(), o.p.err, harness.Tail(o.k.log(o.name()), 30))
 		}
 		return o.reconciles(driver) > n
 	})

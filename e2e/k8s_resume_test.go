@@ -9,33 +9,35 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/harness"
 )
 
 // TestK8sSidecarResume stops the OSD for relOutage while the sidecar's
 // lister reads a 16k-tuple Delta in pages of one tuple: the lister must
 // get exactly the answer of an uninterrupted call, with no error.
 func TestK8sSidecarResume(t *testing.T) {
-	v, _ := manyWrites(t, 16384)
+	v, _ := harness.ManyWrites(t, 16384)
 	k := startK8s(t)
-	addr := freeTCPAddr(t)
+	addr := harness.FreeTCPAddr(t)
 	// -v=5: a line per page sent, which says the stream is under way.
-	srv := startServer(t, "--drivername", k8sDriver, "--ceph-op-timeout="+relOpTimeout.String(), "--metrics-address="+addr, "-v=5")
-	sidecar := k.startSidecar(t, "csi-snapshot-metadata", srv.sock, k.ports.grpc, k.ports.health)
+	srv := harness.StartServer(t, "--drivername", k8sDriver, "--ceph-op-timeout="+relOpTimeout.String(), "--metrics-address="+addr, "-v=5")
+	sidecar := k.startSidecar(t, "csi-snapshot-metadata", srv.Sock, k.ports.grpc, k.ports.health)
 	waitFor(t, "sidecar /health", time.Minute, func() bool { return healthy(k.ports.health) || !sidecar.running() })
 	if !sidecar.running() {
-		t.Fatalf("the sidecar exited: %v\n%s", sidecar.err, tail(k.log("csi-snapshot-metadata"), 30))
+		t.Fatalf("the sidecar exited: %v\n%s", sidecar.err, harness.Tail(k.log("csi-snapshot-metadata"), 30))
 	}
-	q := metaReq{base: v.id("s1"), target: v.id("s2"), max: 1}
-	direct := srv.get(t, q)
-	size := direct.capacity()
-	k.volumeSnapshot(t, "big-s1", v.id("s1"), size)
-	k.volumeSnapshot(t, "big-s2", v.id("s2"), size)
+	q := harness.MetaReq{Base: v.ID("s1"), Target: v.ID("s2"), Max: 1}
+	direct := srv.Get(t, q)
+	size := direct.Capacity()
+	k.volumeSnapshot(t, "big-s1", v.ID("s1"), size)
+	k.volumeSnapshot(t, "big-s2", v.ID("s2"), size)
 
 	type listed struct {
 		out string
 		err error
 	}
-	sent := strings.Count(srv.log(), `"Sending page"`) // the direct call's
+	sent := strings.Count(srv.Log(), `"Sending page"`) // the direct call's
 	done := make(chan listed, 1)
 	go func() {
 		out, err := k.lister(t, k8sBackupSA, "-s", "big-s2", "-p", "big-s1", "-max-results", "1")
@@ -44,9 +46,9 @@ func TestK8sSidecarResume(t *testing.T) {
 	// Stop the OSD as soon as our server sends the stream's pages: a
 	// stream whose first open fails is not resumed (UNAVAILABLE at once).
 	waitFor(t, "the lister's stream at our server", time.Minute, func() bool {
-		return strings.Count(srv.log(), `"Sending page"`) > sent
+		return strings.Count(srv.Log(), `"Sending page"`) > sent
 	})
-	osdOutage(t, pauseDaemon(t, "osd.0"))
+	osdOutage(t, harness.PauseDaemon(t, "osd.0"))
 	back := time.Now()
 	var l listed
 	select {
@@ -56,19 +58,19 @@ func TestK8sSidecarResume(t *testing.T) {
 	}
 	t.Logf("the lister ended %v after the OSD came back", time.Since(back).Round(time.Millisecond))
 	if l.err != nil {
-		t.Fatalf("lister: %v\n%s", l.err, tail(l.out, 10))
+		t.Fatalf("lister: %v\n%s", l.err, harness.Tail(l.out, 10))
 	}
-	var got []span
+	var got []harness.Span
 	for _, p := range parseLister(t, l.out) {
 		got = append(got, p.tuples...)
 	}
-	if d := diffSpans(direct.tuples(), got); d != "" {
+	if d := harness.DiffSpans(direct.Tuples(), got); d != "" {
 		t.Errorf("the lister's answer differs from an uninterrupted call's: %s", d)
 	}
-	resumed := strings.Count(srv.log(), `"Resumed stream"`)
+	resumed := strings.Count(srv.Log(), `"Resumed stream"`)
 	t.Logf("%d tuples through the sidecar, identical to a direct call; %d resumes", len(got), resumed)
 	if resumed == 0 {
 		t.Errorf("no resume logged: the stream ended before the fault, and the test proves nothing")
 	}
-	waitClusterIO(t)
+	harness.WaitClusterIO(t)
 }

@@ -48,6 +48,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/client"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/harness"
 )
 
 const (
@@ -75,11 +76,11 @@ type k8sPorts struct{ etcd, etcdPeer, api, grpc, health int }
 func TestK8sSidecar(t *testing.T) {
 	t0 := time.Now()
 	k := startK8s(t)
-	srv := startServer(t, "-v=4", "--drivername", k8sDriver)
-	sidecar := k.startSidecar(t, "csi-snapshot-metadata", srv.sock, k.ports.grpc, k.ports.health)
+	srv := harness.StartServer(t, "-v=4", "--drivername", k8sDriver)
+	sidecar := k.startSidecar(t, "csi-snapshot-metadata", srv.Sock, k.ports.grpc, k.ports.health)
 	waitFor(t, "sidecar /health", time.Minute, func() bool { return healthy(k.ports.health) || !sidecar.running() })
 	if !sidecar.running() {
-		t.Fatalf("the sidecar exited: %v\n%s", sidecar.err, tail(k.log("csi-snapshot-metadata"), 30))
+		t.Fatalf("the sidecar exited: %v\n%s", sidecar.err, harness.Tail(k.log("csi-snapshot-metadata"), 30))
 	}
 	t.Logf("bring-up: control plane, our server and the sidecar in %.1fs", time.Since(t0).Seconds())
 
@@ -90,7 +91,7 @@ func TestK8sSidecar(t *testing.T) {
 		t.Errorf("sidecar log lacks %q", want)
 	}
 	var identity []string
-	for _, l := range strings.Split(srv.log(), "\n") {
+	for _, l := range strings.Split(srv.Log(), "\n") {
 		if strings.Contains(l, `"Request"`) && strings.Contains(l, "csi.v1.Identity/") {
 			identity = append(identity, l[strings.Index(l, "method="):])
 		}
@@ -104,42 +105,42 @@ func TestK8sSidecar(t *testing.T) {
 
 	// Ceph-CSI volumes and snapshots, in the pool's default namespace and in
 	// ns1, with their VolumeSnapshots.
-	conn := connectAdmin(t)
-	def := newCSICluster(t, conn, clusterID, "")
-	a := def.createVolume(t, csiVolSize, nil)
-	for _, w := range [][2]uint64{{0, 4096}, {5*mib + 12288, 8192}, {9 * mib, 64 << 10}, {12 * mib, objSize}, {20*mib + 7, 100}, {csiVolSize - 4096, 4096}} {
-		a.write(t, w[0], w[1])
+	conn := harness.ConnectAdmin(t)
+	def := harness.NewCSICluster(t, conn, harness.ClusterID, "")
+	a := def.CreateVolume(t, csiVolSize, nil)
+	for _, w := range [][2]uint64{{0, 4096}, {5*harness.MiB + 12288, 8192}, {9 * harness.MiB, 64 << 10}, {12 * harness.MiB, harness.ObjSize}, {20*harness.MiB + 7, 100}, {csiVolSize - 4096, 4096}} {
+		a.Write(t, w[0], w[1])
 	}
-	a1 := a.snapshot(t)
-	a.write(t, 4096, 8192)
-	a.write(t, 9*mib+1000, 50)
-	a.write(t, 16*mib-2048, 4096)
-	a.discard(t, 12*mib, objSize)
-	a.write(t, 28*mib, 4096)
-	a2 := a.snapshot(t)
-	a.write(t, 24*mib, 4096) // after the last snapshot: no answer may see it
+	a1 := a.Snapshot(t)
+	a.Write(t, 4096, 8192)
+	a.Write(t, 9*harness.MiB+1000, 50)
+	a.Write(t, 16*harness.MiB-2048, 4096)
+	a.Discard(t, 12*harness.MiB, harness.ObjSize)
+	a.Write(t, 28*harness.MiB, 4096)
+	a2 := a.Snapshot(t)
+	a.Write(t, 24*harness.MiB, 4096) // after the last snapshot: no answer may see it
 
-	ns1 := newCSICluster(t, conn, clusterIDNS, namespace)
-	b := ns1.createVolume(t, 16*mib, nil)
-	b.write(t, mib, 3*mib)
-	b1 := b.snapshot(t)
-	b.write(t, 2*mib, 4096)
-	b.write(t, 15*mib, 100)
-	b2 := b.snapshot(t)
+	ns1 := harness.NewCSICluster(t, conn, harness.ClusterIDNS, harness.Namespace)
+	b := ns1.CreateVolume(t, 16*harness.MiB, nil)
+	b.Write(t, harness.MiB, 3*harness.MiB)
+	b1 := b.Snapshot(t)
+	b.Write(t, 2*harness.MiB, 4096)
+	b.Write(t, 15*harness.MiB, 100)
+	b2 := b.Snapshot(t)
 
-	da1, da2, db1, db2 := a1.data(t), a2.data(t), b1.data(t), b2.data(t)
+	da1, da2, db1, db2 := a1.Data(t), a2.Data(t), b1.Data(t), b2.Data(t)
 	for _, v := range []struct {
 		name string
-		s    *csiSnap
+		s    *harness.CSISnap
 		size int
 	}{{"snap-a1", a1, len(da1)}, {"snap-a2", a2, len(da2)}, {"snap-b1", b1, len(db1)}, {"snap-b2", b2, len(db2)}} {
-		k.volumeSnapshot(t, v.name, v.s.handle(), int64(v.size))
+		k.volumeSnapshot(t, v.name, v.s.Handle(), int64(v.size))
 	}
 
 	type run struct {
 		name       string
 		args       []string
-		base, targ *csiSnap
+		base, targ *harness.CSISnap
 		before     []byte // nil: allocated
 		after      []byte
 		start      int64
@@ -149,13 +150,13 @@ func TestK8sSidecar(t *testing.T) {
 		{"allocated", []string{"-s", "snap-a1", "-o", "table"}, nil, a1, nil, da1, 0, 0},
 		{"allocated/max-results=2", []string{"-s", "snap-a2", "-max-results", "2"}, nil, a2, nil, da2, 0, 2},
 		{"delta/by-name", []string{"-s", "snap-a2", "-p", "snap-a1", "-max-results", "3"}, a1, a2, da1, da2, 0, 3},
-		{"delta/by-handle", []string{"-s", "snap-a2", "-P", a1.handle()}, a1, a2, da1, da2, 0, 0},
-		{"delta/by-name/from-9MiB", []string{"-s", "snap-a2", "-p", "snap-a1", "-starting-offset", fmt.Sprint(9*mib + 512)}, a1, a2, da1, da2, int64(9*mib + 512), 0},
+		{"delta/by-handle", []string{"-s", "snap-a2", "-P", a1.Handle()}, a1, a2, da1, da2, 0, 0},
+		{"delta/by-name/from-9MiB", []string{"-s", "snap-a2", "-p", "snap-a1", "-starting-offset", fmt.Sprint(9*harness.MiB + 512)}, a1, a2, da1, da2, int64(9*harness.MiB + 512), 0},
 		{"ns1/allocated", []string{"-s", "snap-b2"}, nil, b2, nil, db2, 0, 0},
-		{"ns1/delta/by-handle", []string{"-s", "snap-b2", "-P", b1.handle(), "-o", "table", "-max-results", "1"}, b1, b2, db1, db2, 0, 1},
+		{"ns1/delta/by-handle", []string{"-s", "snap-b2", "-P", b1.Handle(), "-o", "table", "-max-results", "1"}, b1, b2, db1, db2, 0, 1},
 	} {
 		t.Run(r.name, func(t *testing.T) {
-			before := len(requestLines(srv.log()))
+			before := len(requestLines(srv.Log()))
 			out, err := k.lister(t, k8sBackupSA, r.args...)
 			if err != nil {
 				t.Fatalf("lister %v: %v\n%s", r.args, err, out)
@@ -169,28 +170,28 @@ func TestK8sSidecar(t *testing.T) {
 			what := "lister " + strings.Join(r.args, " ")
 			csiCheckOracle(t, what, got, r.before, r.after, r.start)
 			if r.base != nil {
-				csiCheckTouched(t, what, got, 0, r.targ.vol.writes[r.base.mark:r.targ.mark])
+				csiCheckTouched(t, what, got, 0, r.targ.Vol.Writes[r.base.Mark:r.targ.Mark])
 			}
 
 			// What the sidecar sent us, as our server logged it.
-			reqs := requestLines(srv.log())[before:]
+			reqs := requestLines(srv.Log())[before:]
 			if len(reqs) != 1 {
 				t.Fatalf("%s: our server got %d requests, want 1:\n%s", what, len(reqs), strings.Join(reqs, "\n"))
 			}
 			t.Logf("the sidecar sent: %s", reqs[0])
-			req := metaReq{target: r.targ.handle(), start: r.start, max: r.max}
+			req := harness.MetaReq{Target: r.targ.Handle(), Start: r.start, Max: r.max}
 			if r.base != nil {
-				req.base = r.base.handle()
+				req.Base = r.base.Handle()
 			}
 			checkRequestLine(t, reqs[0], req)
 
 			// The sidecar passes pages through as they are: the lister
 			// gets exactly what a direct call gets.
-			direct := srv.get(t, req)
-			if len(direct.pages) != len(pages) {
-				t.Errorf("%s: %d records, a direct call %d pages", what, len(pages), len(direct.pages))
+			direct := srv.Get(t, req)
+			if len(direct.Pages) != len(pages) {
+				t.Errorf("%s: %d records, a direct call %d pages", what, len(pages), len(direct.Pages))
 			}
-			if d := diffSpans(direct.tuples(), got.extents); d != "" {
+			if d := harness.DiffSpans(direct.Tuples(), got.extents); d != "" {
 				t.Errorf("%s vs a direct call: %s", what, d)
 			}
 			if r.max > 0 {
@@ -216,7 +217,7 @@ func TestK8sSidecar(t *testing.T) {
 	// lister runs as admin to get that far), the sidecar refuses it and never
 	// calls us; with its own kubeconfig it cannot even read the snapshot.
 	t.Run("no-role", func(t *testing.T) {
-		n := len(requestLines(srv.log()))
+		n := len(requestLines(srv.Log()))
 		out, err := k.listerAs(t, k.kubeconfig(t, "admin", ""), k8sNoRoleSA, "-s", "snap-a1")
 		if err == nil || !strings.Contains(out, "PermissionDenied") {
 			t.Errorf("lister with a token of %s (no role): %v\n%s\nwant PermissionDenied", k8sNoRoleSA, err, out)
@@ -230,7 +231,7 @@ func TestK8sSidecar(t *testing.T) {
 		} else {
 			t.Logf("refused as it should be: %s", lastLine(out))
 		}
-		if reqs := requestLines(srv.log())[n:]; len(reqs) != 0 {
+		if reqs := requestLines(srv.Log())[n:]; len(reqs) != 0 {
 			t.Errorf("our server was called for a refused client: %v", reqs)
 		}
 	})
@@ -249,7 +250,7 @@ func TestK8sSidecar(t *testing.T) {
 		defer cc.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		_, err = client.New(cc).Stream(ctx, client.Request{Target: a1.handle(), Secrets: map[string]string{"userID": clusterEnv(t, "CEPH_CSI_USER"), "userKey": clusterEnv(t, "CEPH_CSI_KEY")}}, func(client.Page) error { return nil })
+		_, err = client.New(cc).Stream(ctx, client.Request{Target: a1.Handle(), Secrets: map[string]string{"userID": harness.ClusterEnv(t, "CEPH_CSI_USER"), "userKey": harness.ClusterEnv(t, "CEPH_CSI_KEY")}}, func(client.Page) error { return nil })
 		if status.Code(err) != codes.Unimplemented {
 			t.Fatalf("csi.v1.SnapshotMetadata at the sidecar: %v, want Unimplemented", err)
 		}
@@ -271,7 +272,7 @@ func TestK8sSidecar(t *testing.T) {
 		// call's message may not even be read: no "Request" line then.)
 		cancelled := func() int {
 			n := 0
-			for _, l := range strings.Split(srv.log(), "\n") {
+			for _, l := range strings.Split(srv.Log(), "\n") {
 				if strings.Contains(l, "/csi.v1.SnapshotMetadata/GetMetadataAllocated") && strings.Contains(l, `code="Canceled"`) {
 					n++
 				}
@@ -279,13 +280,13 @@ func TestK8sSidecar(t *testing.T) {
 			return n
 		}
 		n := cancelled()
-		if err := srv.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		if err := srv.Cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 			t.Fatal(err)
 		}
 		stopped := true
 		cont := func() {
 			if stopped {
-				_ = srv.cmd.Process.Signal(syscall.SIGCONT)
+				_ = srv.Cmd.Process.Signal(syscall.SIGCONT)
 				stopped = false
 			}
 		}
@@ -325,7 +326,7 @@ func TestK8sSidecarWaitsForNotReadyServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	sock := filepath.Join(k.dir, "late.sock")
-	srv := k.start(t, "rbd-snapshot-metadata", clusterEnv(t, "RSM_SERVER_BIN"), "--endpoint", "unix://"+sock,
+	srv := k.start(t, "rbd-snapshot-metadata", harness.ClusterEnv(t, "RSM_SERVER_BIN"), "--endpoint", "unix://"+sock,
 		"--clusterconfig", config, "--drivername", k8sDriver, "-v=4")
 	waitFor(t, "our server's socket", 20*time.Second, func() bool {
 		fi, err := os.Stat(sock)
@@ -339,12 +340,12 @@ func TestK8sSidecarWaitsForNotReadyServer(t *testing.T) {
 	time.Sleep(3 * time.Second) // 3 probes
 	if !sidecar.running() {
 		t.Fatalf("the sidecar exited while our server was not ready, instead of waiting (%v):\n%s\nour server:\n%s",
-			sidecar.err, tail(k.log(sidecar.name), 4), grepLines(k.log(srv.name), "Identity/Probe"))
+			sidecar.err, harness.Tail(k.log(sidecar.name), 4), grepLines(k.log(srv.name), "Identity/Probe"))
 	}
 	if healthy(k.ports.health) {
 		t.Fatal("the sidecar is healthy before our server is ready")
 	}
-	b, err := os.ReadFile(filepath.Join(clusterEnv(t, "RSM_CLUSTER_DIR"), "csi-config.json"))
+	b, err := os.ReadFile(filepath.Join(harness.ClusterEnv(t, "RSM_CLUSTER_DIR"), "csi-config.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -353,7 +354,7 @@ func TestK8sSidecarWaitsForNotReadyServer(t *testing.T) {
 		return healthy(k.ports.health) || !sidecar.running()
 	})
 	if !sidecar.running() {
-		t.Fatalf("the sidecar exited: %v\n%s", sidecar.err, tail(k.log(sidecar.name), 10))
+		t.Fatalf("the sidecar exited: %v\n%s", sidecar.err, harness.Tail(k.log(sidecar.name), 10))
 	}
 }
 
@@ -548,7 +549,7 @@ func (k *k8sEnv) start(t *testing.T, name, bin string, args ...string) *k8sProc 
 	t.Cleanup(func() {
 		if !p.running() {
 			if !p.mayExit {
-				t.Errorf("%s (pid %d) exited before the test ended: %v\n%s", name, pid, p.err, tail(k.log(name), 30))
+				t.Errorf("%s (pid %d) exited before the test ended: %v\n%s", name, pid, p.err, harness.Tail(k.log(name), 30))
 			}
 			return
 		}
@@ -563,7 +564,7 @@ func (k *k8sEnv) start(t *testing.T, name, bin string, args ...string) *k8sProc 
 		}
 		t.Logf("stopped %s (pid %d) in %.1fs", name, pid, time.Since(t0).Seconds())
 		if t.Failed() {
-			t.Logf("%s log:\n%s", name, tail(k.log(name), 60))
+			t.Logf("%s log:\n%s", name, harness.Tail(k.log(name), 60))
 		}
 	})
 	return p
@@ -780,7 +781,7 @@ func (k *k8sEnv) objects(t *testing.T) {
 kind: Secret
 metadata: {name: %s, namespace: %s}
 stringData: {userID: %q, userKey: %q}
-`, k8sSecret, k8sNS, clusterEnv(t, "CEPH_CSI_USER"), clusterEnv(t, "CEPH_CSI_KEY")))
+`, k8sSecret, k8sNS, harness.ClusterEnv(t, "CEPH_CSI_USER"), harness.ClusterEnv(t, "CEPH_CSI_KEY")))
 	k.create(t, "/apis/snapshot.storage.k8s.io/v1/volumesnapshotclasses", fmt.Sprintf(`apiVersion: snapshot.storage.k8s.io/v1
 kind: VolumeSnapshotClass
 metadata: {name: %s}
@@ -790,7 +791,7 @@ parameters:
   clusterID: %s
   csi.storage.k8s.io/snapshotter-secret-name: %s
   csi.storage.k8s.io/snapshotter-secret-namespace: %s
-`, k8sClass, k8sDriver, clusterID, k8sSecret, k8sNS))
+`, k8sClass, k8sDriver, harness.ClusterID, k8sSecret, k8sNS))
 	// Cluster-scoped and named after the driver; the address must match
 	// the sidecar certificate's SAN; caCert is base64 of the PEM CA.
 	ca, err := os.ReadFile(k.crt.path("ca.crt"))
@@ -983,7 +984,7 @@ func (k *k8sEnv) listerAs(t *testing.T, kubeconfig, sa string, args ...string) (
 // the table.
 type k8sRecord struct {
 	capacity int64
-	tuples   []span
+	tuples   []harness.Span
 }
 
 func parseLister(t *testing.T, out string) []k8sRecord {
@@ -1008,7 +1009,7 @@ func parseLister(t *testing.T, out string) []k8sRecord {
 			}
 			p := k8sRecord{capacity: r.Capacity}
 			for _, b := range r.Blocks {
-				p.tuples = append(p.tuples, span{Offset: b.Offset, Length: b.Size})
+				p.tuples = append(p.tuples, harness.Span{Offset: b.Offset, Length: b.Size})
 			}
 			pages = append(pages, p)
 		}
@@ -1033,7 +1034,7 @@ func parseLister(t *testing.T, out string) []k8sRecord {
 			pages = append(pages, k8sRecord{capacity: capacity})
 			rec = n
 		}
-		pages[len(pages)-1].tuples = append(pages[len(pages)-1].tuples, span{Offset: off, Length: size})
+		pages[len(pages)-1].tuples = append(pages[len(pages)-1].tuples, harness.Span{Offset: off, Length: size})
 	}
 	if len(pages) == 0 && s != "" {
 		t.Fatalf("lister printed no tuples:\n%s", out)
@@ -1058,7 +1059,7 @@ func requestLines(log string) []string {
 // checkRequestLine checks a logged request against what the sidecar must
 // have sent: the snapshot handles, starting_offset, max_results, and
 // secrets (stripped in the log).
-func checkRequestLine(t *testing.T, line string, want metaReq) {
+func checkRequestLine(t *testing.T, line string, want harness.MetaReq) {
 	t.Helper()
 	m := regexp.MustCompile(`request="(.*)"\s*$`).FindStringSubmatch(line)
 	if m == nil {
@@ -1073,17 +1074,17 @@ func checkRequestLine(t *testing.T, line string, want metaReq) {
 		t.Fatalf("logged request %s: %v", js, err)
 	}
 	exp := map[string]any{"secrets": "***stripped***"}
-	if want.base == "" {
-		exp["snapshot_id"] = want.target
+	if want.Base == "" {
+		exp["snapshot_id"] = want.Target
 	} else {
-		exp["base_snapshot_id"] = want.base
-		exp["target_snapshot_id"] = want.target
+		exp["base_snapshot_id"] = want.Base
+		exp["target_snapshot_id"] = want.Target
 	}
-	if want.start != 0 {
-		exp["starting_offset"] = float64(want.start)
+	if want.Start != 0 {
+		exp["starting_offset"] = float64(want.Start)
 	}
-	if want.max != 0 {
-		exp["max_results"] = float64(want.max)
+	if want.Max != 0 {
+		exp["max_results"] = float64(want.Max)
 	}
 	if fmt.Sprint(got) != fmt.Sprint(exp) {
 		t.Errorf("the sidecar sent %v, want %v", got, exp)

@@ -13,6 +13,8 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/harness"
 )
 
 // TestServerIdentity checks the Identity service and gRPC health of the
@@ -28,15 +30,15 @@ func TestServerIdentity(t *testing.T) {
 		{nil, "rbd.csi.ceph.com"},
 		{[]string{"--drivername", "example.csi.vendor.io"}, "example.csi.vendor.io"},
 	} {
-		s := startServer(t, tc.flags...)
-		info, err := s.id.GetPluginInfo(ctx, &csi.GetPluginInfoRequest{})
+		s := harness.StartServer(t, tc.flags...)
+		info, err := s.ID.GetPluginInfo(ctx, &csi.GetPluginInfoRequest{})
 		if err != nil {
 			t.Fatalf("GetPluginInfo: %v", err)
 		}
 		if info.GetName() != tc.name || info.GetVendorVersion() == "" {
 			t.Errorf("GetPluginInfo with %v: %+v, want name %q and a version", tc.flags, info, tc.name)
 		}
-		caps, err := s.id.GetPluginCapabilities(ctx, &csi.GetPluginCapabilitiesRequest{})
+		caps, err := s.ID.GetPluginCapabilities(ctx, &csi.GetPluginCapabilitiesRequest{})
 		if err != nil {
 			t.Fatalf("GetPluginCapabilities: %v", err)
 		}
@@ -47,11 +49,11 @@ func TestServerIdentity(t *testing.T) {
 		if !found {
 			t.Errorf("capabilities %v lack SNAPSHOT_METADATA_SERVICE", caps.GetCapabilities())
 		}
-		probe, err := s.id.Probe(ctx, &csi.ProbeRequest{})
+		probe, err := s.ID.Probe(ctx, &csi.ProbeRequest{})
 		if err != nil || !probe.GetReady().GetValue() {
 			t.Errorf("Probe: %v, %v; want ready", probe, err)
 		}
-		h, err := healthpb.NewHealthClient(s.conn).Check(ctx, &healthpb.HealthCheckRequest{})
+		h, err := healthpb.NewHealthClient(s.Conn).Check(ctx, &healthpb.HealthCheckRequest{})
 		if err != nil || h.GetStatus() != healthpb.HealthCheckResponse_SERVING {
 			t.Errorf("health: %v, %v; want SERVING", h, err)
 		}
@@ -61,8 +63,8 @@ func TestServerIdentity(t *testing.T) {
 // TestServerRejectsBadFlags: a misconfigured server exits at once with a
 // non-zero status instead of serving.
 func TestServerRejectsBadFlags(t *testing.T) {
-	bin := clusterEnv(t, "RSM_SERVER_BIN")
-	config := filepath.Join(clusterEnv(t, "RSM_CLUSTER_DIR"), "csi-config.json")
+	bin := harness.ClusterEnv(t, "RSM_SERVER_BIN")
+	config := filepath.Join(harness.ClusterEnv(t, "RSM_CLUSTER_DIR"), "csi-config.json")
 	sock := "unix://" + filepath.Join(t.TempDir(), "csi.sock")
 	for _, tc := range []struct {
 		args []string

@@ -8,18 +8,18 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/harness"
 )
 
 // TestMonitorForms: every way Ceph-CSI's config.json can name a monitor
@@ -31,9 +31,9 @@ import (
 // and 6789, covers the default-port and IPv6 forms.
 func TestMonitorForms(t *testing.T) {
 	m := regexp.MustCompile(`^\[v2:127\.0\.0\.1:(\d+),v1:127\.0\.0\.1:(\d+)\]$`).
-		FindStringSubmatch(clusterEnv(t, "CEPH_MON_HOST"))
+		FindStringSubmatch(harness.ClusterEnv(t, "CEPH_MON_HOST"))
 	if m == nil {
-		t.Fatalf("CEPH_MON_HOST=%s: want [v2:127.0.0.1:P2,v1:127.0.0.1:P1]", clusterEnv(t, "CEPH_MON_HOST"))
+		t.Fatalf("CEPH_MON_HOST=%s: want [v2:127.0.0.1:P2,v1:127.0.0.1:P1]", harness.ClusterEnv(t, "CEPH_MON_HOST"))
 	}
 	v2, v1 := "127.0.0.1:"+m[1], "127.0.0.1:"+m[2]
 	down := closedAddr(t)
@@ -41,7 +41,7 @@ func TestMonitorForms(t *testing.T) {
 	type form struct {
 		name     string
 		monitors []string
-		cluster  *extraCluster // nil: the test cluster
+		cluster  *harness.ExtraCluster // nil: the test cluster
 	}
 	forms := []form{
 		{"bare, non-default port speaking v1", []string{v1}, nil},
@@ -74,17 +74,17 @@ func TestMonitorForms(t *testing.T) {
 
 	// One image with data on each cluster, and a config with a cluster ID
 	// per form.
-	conn := connectAdmin(t)
-	vol, img := createVolume(t, conn, "", "monforms", 8*mib, imageFeatures)
-	fillAt(t, img, mib, 4*kib)
-	snapshot(t, img, "s1")
+	conn := harness.ConnectAdmin(t)
+	vol, img := harness.CreateVolume(t, conn, "", "monforms", 8*harness.MiB, harness.ImageFeatures)
+	harness.FillAt(t, img, harness.MiB, 4*harness.KiB)
+	harness.Snapshot(t, img, "s1")
 	// librbd's exclusive lock (a writer's) needs a client address of the
 	// cluster's family; the server opens images read-only and needs none.
-	sixConn := connectTo(t, six.env["CEPH_MON_HOST"], "admin", six.env["CEPH_KEY"],
+	sixConn := harness.ConnectTo(t, six.Env["CEPH_MON_HOST"], "admin", six.Env["CEPH_KEY"],
 		[2]string{"ms_bind_ipv6", "true"}, [2]string{"ms_bind_ipv4", "false"})
-	sixVol, sixImg := createVolume(t, sixConn, "", "monforms6", 8*mib, imageFeatures)
-	fillAt(t, sixImg, 2*mib, 4*kib)
-	snapshot(t, sixImg, "s1")
+	sixVol, sixImg := harness.CreateVolume(t, sixConn, "", "monforms6", 8*harness.MiB, harness.ImageFeatures)
+	harness.FillAt(t, sixImg, 2*harness.MiB, 4*harness.KiB)
+	harness.Snapshot(t, sixImg, "s1")
 
 	var clusters []map[string]any
 	for i, f := range forms {
@@ -97,18 +97,18 @@ func TestMonitorForms(t *testing.T) {
 	}
 	const connectTimeout = 10 * time.Second
 	// Every form's requests at once: more than the default --max-streams.
-	srv := startServer(t, "--ceph-connect-timeout="+connectTimeout.String(), "--clusterconfig", config, "--max-streams=0")
+	srv := harness.StartServer(t, "--ceph-connect-timeout="+connectTimeout.String(), "--clusterconfig", config, "--max-streams=0")
 
-	secrets := func(c *extraCluster) map[string]string {
+	secrets := func(c *harness.ExtraCluster) map[string]string {
 		if c == nil {
-			return csiSecrets(t)
+			return harness.CSISecrets(t)
 		}
-		return map[string]string{"userID": "csi", "userKey": c.env["CEPH_CSI_KEY"]}
+		return map[string]string{"userID": "csi", "userKey": c.Env["CEPH_CSI_KEY"]}
 	}
 	type result struct {
 		name    string
 		want    codes.Code
-		m       metaStream
+		m       harness.MetaStream
 		elapsed time.Duration
 	}
 	var (
@@ -117,15 +117,15 @@ func TestMonitorForms(t *testing.T) {
 		wg      sync.WaitGroup
 	)
 	for i, f := range forms {
-		name := vol.name
+		name := vol.Name
 		if f.cluster != nil {
-			name = sixVol.name
+			name = sixVol.Name
 		}
-		id := fmt.Sprintf("form%d/%s/%s@s1", i, pool, name)
+		id := fmt.Sprintf("form%d/%s/%s@s1", i, harness.Pool, name)
 		good := secrets(f.cluster)
 		bad := map[string]string{"userID": good["userID"], "userKey": wrongKey(t, good["userKey"])}
-		srv.hide = append(srv.hide, bad["userKey"])
-		nobody := map[string]string{"userID": uniqueName(t, "nobody"), "userKey": good["userKey"]}
+		srv.Hide = append(srv.Hide, bad["userKey"])
+		nobody := map[string]string{"userID": harness.UniqueName(t, "nobody"), "userKey": good["userKey"]}
 		for _, c := range []struct {
 			what    string
 			secrets map[string]string
@@ -141,7 +141,7 @@ func TestMonitorForms(t *testing.T) {
 				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 				defer cancel()
 				t0 := time.Now()
-				got := srv.call(ctx, metaReq{target: id, secrets: c.secrets})
+				got := srv.Call(ctx, harness.MetaReq{Target: id, Secrets: c.secrets})
 				mu.Lock()
 				results = append(results, result{f.name + ", " + c.what + " (" + strings.Join(f.monitors, " ") + ")", c.want, got, time.Since(t0)})
 				mu.Unlock()
@@ -151,13 +151,13 @@ func TestMonitorForms(t *testing.T) {
 	wg.Wait()
 	for _, r := range results {
 		t.Run(r.name, func(t *testing.T) {
-			if got := codeOf(r.m.err); got != r.want && !unknownUserUnanswered(t, r.want == codes.Unauthenticated, r.m.err) {
-				t.Errorf("%v after %v; want %v", r.m.err, r.elapsed.Round(time.Millisecond), r.want)
+			if got := codeOf(r.m.Err); got != r.want && !unknownUserUnanswered(t, r.want == codes.Unauthenticated, r.m.Err) {
+				t.Errorf("%v after %v; want %v", r.m.Err, r.elapsed.Round(time.Millisecond), r.want)
 			}
-			if r.want == codes.OK && len(r.m.tuples()) == 0 {
+			if r.want == codes.OK && len(r.m.Tuples()) == 0 {
 				t.Errorf("no tuples")
 			}
-			t.Logf("%v, %d tuples, after %v", codeOf(r.m.err), len(r.m.tuples()), r.elapsed.Round(time.Millisecond))
+			t.Logf("%v, %d tuples, after %v", codeOf(r.m.Err), len(r.m.Tuples()), r.elapsed.Round(time.Millisecond))
 		})
 	}
 }
@@ -177,17 +177,10 @@ func closedAddr(t testing.TB) string {
 	return a
 }
 
-// extraCluster is a second throwaway cluster, started by a test with
-// cluster.sh's inside part (the test runs inside the rootfs).
-type extraCluster struct {
-	dir string
-	env map[string]string // its env file: CEPH_MON_HOST, CEPH_KEY, ...
-}
-
 // startIPv6Cluster starts a cluster on [::1] with the monitor on Ceph's
 // default ports (v2 3300, v1 6789), stopped when the test ends. Only one
 // can run on a machine at a time.
-func startIPv6Cluster(t testing.TB) *extraCluster {
+func startIPv6Cluster(t testing.TB) *harness.ExtraCluster {
 	t.Helper()
 	for _, p := range []string{"3300", "6789"} {
 		if l, err := net.Listen("tcp", "[::1]:"+p); err != nil {
@@ -206,86 +199,5 @@ func startIPv6Cluster(t testing.TB) *extraCluster {
 	if base == 0 {
 		t.Fatal("no free OSD port block on [::1] among 17500..18400")
 	}
-	return startExtraCluster(t, "::1", base, 3300, 6789)
-}
-
-// startExtraCluster starts a cluster on ip, with the monitor on ports v2
-// and v1 and the OSDs on base+10..base+99, and stops it when the test ends.
-// env adds settings of cluster.sh's inside part (RSM_CEPH_OSDS=3, ...).
-func startExtraCluster(t testing.TB, ip string, base, v2, v1 int, env ...string) *extraCluster {
-	t.Helper()
-	dir, err := os.MkdirTemp("/var/tmp", "rsm-extra.")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &extraCluster{dir: dir}
-	for _, d := range []string{"run", "log"} {
-		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	t.Cleanup(func() {
-		c.stop(t)
-		os.RemoveAll(dir)
-	})
-	t0 := time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	script, err := filepath.Abs("cluster.sh")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.CommandContext(ctx, "bash", script, "__start-inside", dir, strconv.Itoa(base))
-	// In /, as cluster.sh runs it: reef's osd_class_dir is relative, and an
-	// OSD started elsewhere answers every class method with EOPNOTSUPP.
-	cmd.Dir = "/"
-	cmd.Env = append(os.Environ(), "RSM_CEPH_ADDR="+ip,
-		"RSM_CEPH_MON_V2="+strconv.Itoa(v2), "RSM_CEPH_MON_V1="+strconv.Itoa(v1), "RSM_CEPH_NAMESPACE=none")
-	cmd.Env = append(cmd.Env, env...)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		log, _ := os.ReadFile(filepath.Join(dir, "log", "start.log"))
-		t.Fatalf("start a cluster on %s: %v\n%s\n%s", ip, err, out, tail(string(log), 30))
-	}
-	raw, err := os.ReadFile(filepath.Join(dir, "env"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.env = map[string]string{}
-	for _, line := range strings.Split(string(raw), "\n") {
-		if k, v, ok := strings.Cut(line, "="); ok {
-			c.env[k] = v
-		}
-	}
-	t.Logf("started a cluster on %s (mon %s) in %v", ip, c.env["CEPH_MON_HOST"], time.Since(t0).Round(time.Millisecond))
-	return c
-}
-
-// stop stops the cluster's daemons: SIGTERM, the OSD first, then SIGKILL
-// what is left after 10 s.
-func (c *extraCluster) stop(t testing.TB) {
-	for _, glob := range []string{"ceph-osd.*.pid", "*.pid"} {
-		files, _ := filepath.Glob(filepath.Join(c.dir, "run", glob))
-		var pids []int
-		for _, f := range files {
-			b, _ := os.ReadFile(f)
-			pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-			comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
-			if err == nil && strings.HasPrefix(string(comm), "ceph-") && syscall.Kill(pid, syscall.SIGTERM) == nil {
-				pids = append(pids, pid)
-			}
-		}
-		for _, pid := range pids {
-			for i := 0; ; i++ {
-				st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-				if err != nil || strings.Contains(string(st), ") Z ") {
-					break
-				}
-				if i == 200 {
-					t.Logf("SIGKILL pid %d after 10 s", pid)
-					syscall.Kill(pid, syscall.SIGKILL)
-				}
-				time.Sleep(50 * time.Millisecond)
-			}
-		}
-	}
+	return harness.StartExtraCluster(t, "::1", base, 3300, 6789)
 }

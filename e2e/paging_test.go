@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/client"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/harness"
 )
 
 // pagingVolume builds a 64 MiB volume whose Allocated(s2) and Delta(s1,
@@ -28,28 +29,28 @@ import (
 // adjacent: objects 0 and 1 exist at s1 with their full size, so their
 // delta is exact (each write), and each of objects 2 to 15 gets one small
 // write after s1, which librbd reports from the object's start.
-func pagingVolume(t testing.TB, conn *rados.Conn) rbdVolume {
+func pagingVolume(t testing.TB, conn *rados.Conn) harness.RbdVolume {
 	t.Helper()
-	v, img := createVolume(t, conn, "", "paging", 64*mib, imageFeatures)
+	v, img := harness.CreateVolume(t, conn, "", "paging", 64*harness.MiB, harness.ImageFeatures)
 	for o := uint64(0); o < 2; o++ {
-		fillAt(t, img, o*objSize+objSize-4*kib, 4*kib)
+		harness.FillAt(t, img, o*harness.ObjSize+harness.ObjSize-4*harness.KiB, 4*harness.KiB)
 	}
-	snapshot(t, img, "s1")
+	harness.Snapshot(t, img, "s1")
 	for o := uint64(0); o < 2; o++ {
-		base := o * objSize
+		base := o * harness.ObjSize
 		for j := uint64(0); j < 10; j++ {
-			off := base + j*300*kib + o*1000
-			fillAt(t, img, off, 4*kib+j*1000)
+			off := base + j*300*harness.KiB + o*1000
+			harness.FillAt(t, img, off, 4*harness.KiB+j*1000)
 			if j%3 == 0 {
-				fillAt(t, img, off+4*kib+j*1000, 100) // adjacent: merged
+				harness.FillAt(t, img, off+4*harness.KiB+j*1000, 100) // adjacent: merged
 			}
 		}
-		fillAt(t, img, base+3*mib-2*kib, 8*kib) // across a 64 KiB boundary
+		harness.FillAt(t, img, base+3*harness.MiB-2*harness.KiB, 8*harness.KiB) // across a 64 KiB boundary
 	}
 	for o := uint64(2); o < 16; o++ {
-		fillAt(t, img, o*objSize+o*64*kib+1000, 3000)
+		harness.FillAt(t, img, o*harness.ObjSize+o*64*harness.KiB+1000, 3000)
 	}
-	snapshot(t, img, "s2")
+	harness.Snapshot(t, img, "s2")
 	return v
 }
 
@@ -61,15 +62,15 @@ func pagingVolume(t testing.TB, conn *rados.Conn) rbdVolume {
 // hold data at or after the offset). Offsets beyond the capacity and
 // negative ones are OUT_OF_RANGE.
 func TestStartingOffsetAndMaxResults(t *testing.T) {
-	conn := connectAdmin(t)
+	conn := harness.ConnectAdmin(t)
 	v := pagingVolume(t, conn)
-	variable := startServer(t)
-	fixed := startServer(t, "--block-metadata-type", "FIXED_LENGTH", "--fixed-block-size", "65536")
+	variable := harness.StartServer(t)
+	fixed := harness.StartServer(t, "--block-metadata-type", "FIXED_LENGTH", "--fixed-block-size", "65536")
 
-	for _, q := range []metaReq{{target: v.id("s2")}, {base: v.id("s1"), target: v.id("s2")}} {
-		full := variable.get(t, q)
-		capacity := full.capacity()
-		tuples := full.tuples()
+	for _, q := range []harness.MetaReq{{Target: v.ID("s2")}, {Base: v.ID("s1"), Target: v.ID("s2")}} {
+		full := variable.Get(t, q)
+		capacity := full.Capacity()
+		tuples := full.Tuples()
 		if len(tuples) < 10 {
 			t.Fatalf("%v: only %d tuples; the test needs more", q, len(tuples))
 		}
@@ -77,8 +78,8 @@ func TestStartingOffsetAndMaxResults(t *testing.T) {
 		mid := tuples[k]
 		var gap int64 = -1
 		for i := 1; i < len(tuples); i++ {
-			if tuples[i].Offset > spanEnd(tuples[i-1])+1 {
-				gap = spanEnd(tuples[i-1]) + 1
+			if tuples[i].Offset > harness.SpanEnd(tuples[i-1])+1 {
+				gap = harness.SpanEnd(tuples[i-1]) + 1
 				break
 			}
 		}
@@ -90,18 +91,18 @@ func TestStartingOffsetAndMaxResults(t *testing.T) {
 			{"tuple start", mid.Offset},
 			{"mid-tuple aligned", mid.Offset + mid.Length/2/4096*4096},
 			{"mid-tuple unaligned", mid.Offset + mid.Length/2 | 1},
-			{"last byte of a tuple", spanEnd(mid) - 1},
+			{"last byte of a tuple", harness.SpanEnd(mid) - 1},
 			{"in a gap", gap},
 			{"last tuple", tuples[len(tuples)-1].Offset + 1},
 			{"capacity-1", capacity - 1},
 			{"capacity (empty)", capacity},
 		}
-		for _, srv := range []*rsmServer{variable, fixed} {
-			name := fmt.Sprintf("%s/%v", map[bool]string{true: "allocated", false: "delta"}[q.base == ""], srv.blockType())
+		for _, srv := range []*harness.Server{variable, fixed} {
+			name := fmt.Sprintf("%s/%v", map[bool]string{true: "allocated", false: "delta"}[q.Base == ""], srv.BlockType())
 			t.Run(name, func(t *testing.T) {
-				full := srv.get(t, q).tuples()
+				full := srv.Get(t, q).Tuples()
 				if srv == fixed {
-					if diff := diffSpans(roundOut(tuples, srv.fixedSize()), full); diff != "" {
+					if diff := harness.DiffSpans(harness.RoundOut(tuples, srv.FixedSize()), full); diff != "" {
 						t.Fatalf("%v: FIXED_LENGTH is not VARIABLE_LENGTH rounded out: %s", q, diff)
 					}
 				}
@@ -112,31 +113,31 @@ func TestStartingOffsetAndMaxResults(t *testing.T) {
 					// The data from the offset on: FIXED_LENGTH rounds it out
 					// to blocks, so its first block may start before the
 					// offset, but holds data after it.
-					want := clipSpans(tuples, o.off, capacity)
+					want := harness.ClipSpans(tuples, o.off, capacity)
 					if srv == fixed {
-						want = roundOut(want, srv.fixedSize())
+						want = harness.RoundOut(want, srv.FixedSize())
 					}
 					for _, max := range []int32{0, 1, 3, math.MaxInt32} {
 						r := q
-						r.start, r.max = o.off, max
-						m := srv.get(t, r)
-						if diff := diffSpans(want, m.tuples()); diff != "" {
+						r.Start, r.Max = o.off, max
+						m := srv.Get(t, r)
+						if diff := harness.DiffSpans(want, m.Tuples()); diff != "" {
 							t.Errorf("%v (%s): %s", r, o.name, diff)
 						}
-						if len(m.pages) > 0 && m.capacity() != capacity {
-							t.Errorf("%v: capacity %d, want %d", r, m.capacity(), capacity)
+						if len(m.Pages) > 0 && m.Capacity() != capacity {
+							t.Errorf("%v: capacity %d, want %d", r, m.Capacity(), capacity)
 						}
 					}
 				}
 
 				for _, off := range []int64{capacity + 1, capacity + 4096, math.MaxInt64, -1, -4096, math.MinInt64} {
 					r := q
-					r.start, r.secrets = off, csiSecrets(t)
+					r.Start, r.Secrets = off, harness.CSISecrets(t)
 					ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-					m := srv.call(ctx, r)
+					m := srv.Call(ctx, r)
 					cancel()
-					if status.Code(m.err) != codes.OutOfRange || len(m.pages) > 0 {
-						t.Errorf("%v: %d pages, %v; want no page and OUT_OF_RANGE", r, len(m.pages), m.err)
+					if status.Code(m.Err) != codes.OutOfRange || len(m.Pages) > 0 {
+						t.Errorf("%v: %d pages, %v; want no page and OUT_OF_RANGE", r, len(m.Pages), m.Err)
 					}
 				}
 			})
@@ -149,26 +150,26 @@ func TestStartingOffsetAndMaxResults(t *testing.T) {
 // at the byte after it. The tuples so collected must be exactly those of
 // the uninterrupted stream, for both RPCs and both block types.
 func TestResume(t *testing.T) {
-	conn := connectAdmin(t)
+	conn := harness.ConnectAdmin(t)
 	v := pagingVolume(t, conn)
-	for _, srv := range []*rsmServer{
-		startServer(t),
-		startServer(t, "--block-metadata-type", "FIXED_LENGTH", "--fixed-block-size", "65536"),
+	for _, srv := range []*harness.Server{
+		harness.StartServer(t),
+		harness.StartServer(t, "--block-metadata-type", "FIXED_LENGTH", "--fixed-block-size", "65536"),
 	} {
-		for _, q := range []metaReq{{target: v.id("s2")}, {base: v.id("s1"), target: v.id("s2")}} {
-			name := fmt.Sprintf("%s/%v", map[bool]string{true: "allocated", false: "delta"}[q.base == ""], srv.blockType())
+		for _, q := range []harness.MetaReq{{Target: v.ID("s2")}, {Base: v.ID("s1"), Target: v.ID("s2")}} {
+			name := fmt.Sprintf("%s/%v", map[bool]string{true: "allocated", false: "delta"}[q.Base == ""], srv.BlockType())
 			t.Run(name, func(t *testing.T) {
-				want := srv.get(t, q).tuples()
-				var got []span
+				want := srv.Get(t, q).Tuples()
+				var got []harness.Span
 				calls := 0
 				for next := int64(0); ; calls++ {
 					if calls > len(want)+1 {
 						t.Fatalf("%d calls for %d tuples", calls, len(want))
 					}
 					r := q
-					r.start, r.max, r.secrets = next, 1, csiSecrets(t)
+					r.Start, r.Max, r.Secrets = next, 1, harness.CSISecrets(t)
 					ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-					recv, err := srv.open(ctx, r)
+					recv, err := srv.Open(ctx, r)
 					if err != nil {
 						cancel()
 						t.Fatalf("%v: %v", r, err)
@@ -181,21 +182,21 @@ func TestResume(t *testing.T) {
 						}
 						t.Fatalf("%v: %v", r, err)
 					}
-					p := toPage(resp)
-					if len(p.tuples) != 1 {
-						t.Fatalf("%v: a page of %d tuples", r, len(p.tuples))
+					p := harness.ToPage(resp)
+					if len(p.Tuples) != 1 {
+						t.Fatalf("%v: a page of %d tuples", r, len(p.Tuples))
 					}
-					b := p.tuples[0]
-					if spanEnd(b) <= next {
+					b := p.Tuples[0]
+					if harness.SpanEnd(b) <= next {
 						t.Fatalf("%v: first tuple %+v ends at or before starting_offset", r, b)
 					}
-					if len(got) > 0 && b.Offset < spanEnd(got[len(got)-1]) {
+					if len(got) > 0 && b.Offset < harness.SpanEnd(got[len(got)-1]) {
 						t.Fatalf("%v: tuple %+v overlaps the one before, %+v", r, b, got[len(got)-1])
 					}
 					got = append(got, b)
-					next = spanEnd(b)
+					next = harness.SpanEnd(b)
 				}
-				if diff := diffSpans(want, got); diff != "" {
+				if diff := harness.DiffSpans(want, got); diff != "" {
 					t.Errorf("resumed one tuple at a time: %s", diff)
 				}
 				t.Logf("%d calls, %d tuples", calls+1, len(got))
@@ -209,14 +210,14 @@ func TestResume(t *testing.T) {
 // after two messages. The client must resume each time and hand over
 // exactly the tuples of an unbroken stream.
 func TestClientResumesBrokenStreams(t *testing.T) {
-	conn := connectAdmin(t)
+	conn := harness.ConnectAdmin(t)
 	v := pagingVolume(t, conn)
-	for _, srv := range []*rsmServer{
-		startServer(t),
-		startServer(t, "--block-metadata-type", "FIXED_LENGTH", "--fixed-block-size", "65536"),
+	for _, srv := range []*harness.Server{
+		harness.StartServer(t),
+		harness.StartServer(t, "--block-metadata-type", "FIXED_LENGTH", "--fixed-block-size", "65536"),
 	} {
 		var breaks atomic.Int32
-		cc, err := grpc.NewClient("unix://"+srv.sock,
+		cc, err := grpc.NewClient("unix://"+srv.Sock,
 			grpc.WithTransportCredentials(insecure.NewCredentials()),
 			grpc.WithStreamInterceptor(breakAfter(2, &breaks)))
 		if err != nil {
@@ -226,16 +227,16 @@ func TestClientResumesBrokenStreams(t *testing.T) {
 		c := client.New(cc)
 		c.NewBackOff = func() backoff.BackOff { return backoff.NewConstantBackOff(time.Millisecond) }
 
-		for _, q := range []metaReq{{target: v.id("s2")}, {base: v.id("s1"), target: v.id("s2")}} {
-			name := fmt.Sprintf("%s/%v", map[bool]string{true: "allocated", false: "delta"}[q.base == ""], srv.blockType())
+		for _, q := range []harness.MetaReq{{Target: v.ID("s2")}, {Base: v.ID("s1"), Target: v.ID("s2")}} {
+			name := fmt.Sprintf("%s/%v", map[bool]string{true: "allocated", false: "delta"}[q.Base == ""], srv.BlockType())
 			t.Run(name, func(t *testing.T) {
-				want := srv.get(t, q).tuples()
+				want := srv.Get(t, q).Tuples()
 				breaks.Store(0)
-				var got []span
+				var got []harness.Span
 				var typ csi.BlockMetadataType
 				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 				defer cancel()
-				p, err := c.Stream(ctx, client.Request{Base: q.base, Target: q.target, MaxResults: 3, Secrets: csiSecrets(t)},
+				p, err := c.Stream(ctx, client.Request{Base: q.Base, Target: q.Target, MaxResults: 3, Secrets: harness.CSISecrets(t)},
 					func(pg client.Page) error {
 						typ = pg.Type
 						got = append(got, pg.Extents...)
@@ -244,14 +245,14 @@ func TestClientResumesBrokenStreams(t *testing.T) {
 				if err != nil {
 					t.Fatalf("Stream: %v (progress %+v)", err, p)
 				}
-				if typ != srv.blockType() {
-					t.Errorf("type %v, want %v", typ, srv.blockType())
+				if typ != srv.BlockType() {
+					t.Errorf("type %v, want %v", typ, srv.BlockType())
 				}
-				if diff := diffSpans(want, got); diff != "" {
+				if diff := harness.DiffSpans(want, got); diff != "" {
 					t.Errorf("through broken streams: %s", diff)
 				}
-				if p.Extents != int64(len(want)) || p.Bytes != totalBytes(want) || p.Retries == 0 || int32(p.Retries) != breaks.Load() {
-					t.Errorf("progress %+v; want %d extents, %d bytes, and as many retries as breaks (%d)", p, len(want), totalBytes(want), breaks.Load())
+				if p.Extents != int64(len(want)) || p.Bytes != harness.TotalBytes(want) || p.Retries == 0 || int32(p.Retries) != breaks.Load() {
+					t.Errorf("progress %+v; want %d extents, %d bytes, and as many retries as breaks (%d)", p, len(want), harness.TotalBytes(want), breaks.Load())
 				}
 				t.Logf("%d tuples through %d broken streams", len(got), breaks.Load())
 			})

@@ -25,6 +25,8 @@ import (
 
 	"github.com/ceph/go-ceph/rbd"
 
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/harness"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/oracle"
 	rsm "github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd"
 )
 
@@ -34,7 +36,7 @@ const ecPool = "rbd-ec"
 // startECCluster starts a cluster of 3 OSDs with the EC data pool ecPool
 // on 127.0.0.1, its ports in 17500..18499 (with-cluster.sh's clusters use
 // 16500..17499).
-func startECCluster(t *testing.T) *extraCluster {
+func startECCluster(t *testing.T) *harness.ExtraCluster {
 	t.Helper()
 	free := func(p int) bool {
 		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
@@ -46,7 +48,7 @@ func startECCluster(t *testing.T) *extraCluster {
 	}
 	for b := 17500; b < 18500; b += 100 {
 		if free(b) && free(b+1) && free(b+10) {
-			return startExtraCluster(t, "127.0.0.1", b, b, b+1, "RSM_CEPH_OSDS=3", "RSM_CEPH_EC_POOL="+ecPool, "RSM_CEPH_NAMESPACE=ns1")
+			return harness.StartExtraCluster(t, "127.0.0.1", b, b, b+1, "RSM_CEPH_OSDS=3", "RSM_CEPH_EC_POOL="+ecPool, "RSM_CEPH_NAMESPACE=ns1")
 		}
 	}
 	t.Fatal("no free port block on 127.0.0.1 among 17500..18400")
@@ -62,52 +64,52 @@ func startECCluster(t *testing.T) *extraCluster {
 // TestPreciseCost's images there too (about a minute more).
 func TestPreciseOracleECDataPool(t *testing.T) {
 	c := startECCluster(t)
-	conn := connectTo(t, c.env["CEPH_MON_HOST"], c.env["CEPH_USER"], c.env["CEPH_KEY"])
-	ioctx := openIOContext(t, conn, pool, "")
-	nsIoctx := openIOContext(t, conn, pool, namespace)
-	srcs := preciseSourcesIn(t, c.dir)
-	secrets := map[string]string{rsm.SecretUserID: c.env["CEPH_USER"], rsm.SecretUserKey: c.env["CEPH_KEY"]}
-	tot := newPreciseTotals()
+	conn := harness.ConnectTo(t, c.Env["CEPH_MON_HOST"], c.Env["CEPH_USER"], c.Env["CEPH_KEY"])
+	ioctx := harness.OpenIOContext(t, conn, harness.Pool, "")
+	nsIoctx := harness.OpenIOContext(t, conn, harness.Pool, harness.Namespace)
+	srcs := oracle.SourcesIn(t, c.Dir)
+	secrets := map[string]string{rsm.SecretUserID: c.Env["CEPH_USER"], rsm.SecretUserKey: c.Env["CEPH_KEY"]}
+	tot := oracle.NewTotals()
 	t.Run("cost", func(t *testing.T) {
 		if os.Getenv("RSM_E2E_EC_COST") == "" {
 			t.Skip("set RSM_E2E_EC_COST=1 to measure")
 		}
-		w := newPreciseWorkload(t, ioctx, 7)
-		w.dataPool, w.secrets = ecPool, secrets
-		preciseCost(t, w, srcs)
+		w := oracle.NewWorkload(t, ioctx, 7)
+		w.DataPool, w.Secrets = ecPool, secrets
+		oracle.Cost(t, w, srcs)
 	})
 	t.Run("reported", func(t *testing.T) {
 		// The server binary names the checksum queries in the stream's
 		// -v=2 line and in /metrics, and falls back nowhere.
-		addr := freeTCPAddr(t)
-		srv := startServer(t, "--clusterconfig", c.dir+"/csi-config.json", "--metrics-address="+addr)
-		srv.hide = append(srv.hide, c.env["CEPH_KEY"], c.env["CEPH_CSI_KEY"])
-		name := uniqueName(t, "precise-ec")
-		p := newCostImage(t, ioctx, name, 64*mib, ecPool)
-		writeAt(t, p.img, 5*mib, 64*preciseKiB)
-		snapshot(t, p.img, "s1")
-		writeAt(t, p.img, 20*mib, 4*preciseKiB)
-		snapshot(t, p.img, "s2")
-		id := func(snap string) string { return "rsm-e2e/" + pool + "/" + p.name + "@" + snap }
-		m := srv.get(t, metaReq{base: id("s1"), target: id("s2"), secrets: secrets})
-		if m.err != nil {
-			t.Fatal(m.err)
+		addr := harness.FreeTCPAddr(t)
+		srv := harness.StartServer(t, "--clusterconfig", c.Dir+"/csi-config.json", "--metrics-address="+addr)
+		srv.Hide = append(srv.Hide, c.Env["CEPH_KEY"], c.Env["CEPH_CSI_KEY"])
+		name := harness.UniqueName(t, "precise-ec")
+		p := oracle.NewCostImage(t, ioctx, name, 64*harness.MiB, ecPool)
+		harness.WriteAt(t, p.Img, 5*harness.MiB, 64*oracle.KiB)
+		harness.Snapshot(t, p.Img, "s1")
+		harness.WriteAt(t, p.Img, 20*harness.MiB, 4*oracle.KiB)
+		harness.Snapshot(t, p.Img, "s2")
+		id := func(snap string) string { return "rsm-e2e/" + harness.Pool + "/" + p.Name + "@" + snap }
+		m := srv.Get(t, harness.MetaReq{Base: id("s1"), Target: id("s2"), Secrets: secrets})
+		if m.Err != nil {
+			t.Fatal(m.Err)
 		}
-		var got []span
-		for _, pg := range m.pages {
-			got = append(got, pg.tuples...)
+		var got []harness.Span
+		for _, pg := range m.Pages {
+			got = append(got, pg.Tuples...)
 		}
-		if want := []span{{Offset: 20 * int64(mib), Length: 4 * preciseKiB}}; fmt.Sprint(got) != fmt.Sprint(want) {
+		if want := []harness.Span{{Offset: 20 * int64(harness.MiB), Length: 4 * oracle.KiB}}; fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Errorf("Delta: %v, want %v", got, want)
 		}
-		for deadline := time.Now().Add(10 * time.Second); !strings.Contains(srv.log(), `"Stream finished"`) && time.Now().Before(deadline); {
+		for deadline := time.Now().Add(10 * time.Second); !strings.Contains(srv.Log(), `"Stream finished"`) && time.Now().Before(deadline); {
 			time.Sleep(50 * time.Millisecond)
 		}
-		if log := srv.log(); !strings.Contains(log, `checksummedQueries=`) || strings.Contains(log, `objectFallbacks=`) {
-			t.Errorf("the -v=2 log lacks checksummedQueries or has fallbacks:\n%s", tail(log, 20))
+		if log := srv.Log(); !strings.Contains(log, `checksummedQueries=`) || strings.Contains(log, `objectFallbacks=`) {
+			t.Errorf("the -v=2 log lacks checksummedQueries or has fallbacks:\n%s", harness.Tail(log, 20))
 		}
-		body := scrape(t, addr)
-		if v, ok := metricValue(body, `rbd_snapshot_metadata_precise_checksum_queries_total{method="GetMetadataDelta"}`); !ok || v < 1 {
+		body := harness.Scrape(t, addr)
+		if v, ok := harness.MetricValue(body, `rbd_snapshot_metadata_precise_checksum_queries_total{method="GetMetadataDelta"}`); !ok || v < 1 {
 			t.Errorf("/metrics: checksum queries %v (present %v), want at least 1", v, ok)
 		}
 		if strings.Contains(body, `rbd_snapshot_metadata_precise_fallbacks_total{`) {
@@ -119,32 +121,32 @@ func TestPreciseOracleECDataPool(t *testing.T) {
 		// README's table.
 		kinds := []preciseKind{
 			{name: "EC data pool"},
-			{name: "EC data pool, restored from a snapshot", chain: true, mid: csiSnapFeatures},
+			{name: "EC data pool, restored from a snapshot", chain: true, mid: harness.CSISnapFeatures},
 		}
-		testPreciseVolumeKinds(t, conn, srcs, kinds, func(w *preciseWorkload) { w.dataPool, w.secrets = ecPool, secrets })
+		testPreciseVolumeKinds(t, conn, srcs, kinds, func(w *oracle.Workload) { w.DataPool, w.Secrets = ecPool, secrets })
 	})
-	for i, seed := range preciseSeedsOr(t, 3) {
+	for i, seed := range oracle.SeedsOr(t, 3) {
 		io, ns, cid := ioctx, "", "rsm-e2e"
 		if i%2 == 1 {
-			io, ns, cid = nsIoctx, namespace, clusterIDNS
+			io, ns, cid = nsIoctx, harness.Namespace, harness.ClusterIDNS
 		}
 		t.Run(fmt.Sprintf("seed=%d%s", seed, map[bool]string{true: ",ns=" + ns}[ns != ""]), func(t *testing.T) {
-			w := newPreciseWorkload(t, io, seed)
-			w.dataPool, w.secrets, w.clusterID = ecPool, secrets, cid
-			w.run()
-			for _, p := range w.images {
-				if f, err := p.img.GetFeatures(); err != nil || f&rbd.FeatureDataPool == 0 {
-					t.Fatalf("%s: features %#x, %v: want a data pool", p.name, f, err)
+			w := oracle.NewWorkload(t, io, seed)
+			w.DataPool, w.Secrets, w.ClusterID = ecPool, secrets, cid
+			w.Run()
+			for _, p := range w.Images {
+				if f, err := p.Img.GetFeatures(); err != nil || f&rbd.FeatureDataPool == 0 {
+					t.Fatalf("%s: features %#x, %v: want a data pool", p.Name, f, err)
 				}
 			}
-			w.check(srcs, tot)
+			w.Check(srcs, tot)
 			if t.Failed() {
-				t.Logf("replay with RSM_E2E_SEED=%d; history:\n%s", seed, strings.Join(w.log, "\n"))
+				t.Logf("replay with RSM_E2E_SEED=%d; history:\n%s", seed, strings.Join(w.Log, "\n"))
 			}
 		})
 	}
-	if tot.checksummed == 0 {
+	if tot.Checksummed == 0 {
 		t.Errorf("precise mode refined no object from checksums: did the EC pool answer mapext?")
 	}
-	t.Log("\n" + tot.table())
+	t.Log("\n" + tot.Table())
 }

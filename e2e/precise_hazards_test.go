@@ -27,7 +27,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -35,88 +34,21 @@ import (
 	"github.com/ceph/go-ceph/rados"
 	"github.com/ceph/go-ceph/rbd"
 
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/harness"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/oracle"
 	rsm "github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd"
 )
 
-// hazardImage creates an image of size bytes and objects of 1<<order bytes
-// (a clone of parent's last snapshot when parent is set), with Ceph-CSI's
-// features and w's data pool, open, as the workload's last image.
-func (w *preciseWorkload) hazardImage(parent *preciseImage, size uint64, order uint64) *preciseImage {
-	t := w.t
-	t.Helper()
-	p := &preciseImage{name: uniqueName(t, "hazard"), objSize: 1 << order, size: size}
-	opts := imageOptions(t, parent != nil)
-	if err := opts.SetUint64(rbd.ImageOptionOrder, order); err != nil {
-		t.Fatal(err)
-	}
-	w.setDataPool(opts)
-	if parent == nil {
-		if err := rbd.CreateImage(w.ioctx, p.name, size, opts); err != nil {
-			t.Fatalf("create %s: %v", p.name, err)
-		}
-		w.logf("create %s size %d order %d", p.name, size, order)
-	} else {
-		snap := parent.snaps[len(parent.snaps)-1]
-		if err := rbd.CloneImage(w.ioctx, parent.name, snap, w.ioctx, p.name, opts); err != nil {
-			t.Fatalf("clone %s@%s: %v", parent.name, snap, err)
-		}
-		p.size = parent.size
-		w.logf("clone %s@%s to %s order %d", parent.name, snap, p.name, order)
-	}
-	removeImageOnCleanup(t, w.ioctx, p.name)
-	w.open(p)
-	w.images = append(w.images, p)
-	return p
-}
-
-// open (re)opens p's handle, closed when the test ends.
-func (w *preciseWorkload) open(p *preciseImage) {
-	t := w.t
-	t.Helper()
-	if p.img != nil {
-		if err := p.img.Close(); err != nil {
-			t.Fatalf("close %s: %v", p.name, err)
-		}
-	}
-	img, err := rbd.OpenImage(w.ioctx, p.name, rbd.NoSnapshot)
-	if err != nil {
-		t.Fatalf("open %s: %v", p.name, err)
-	}
-	t.Cleanup(func() { _ = img.Close() })
-	p.img = img
-}
-
-// write writes random non-zero bytes.
-func (w *preciseWorkload) write(p *preciseImage, off, length uint64) {
-	w.t.Helper()
-	data := make([]byte, length)
-	w.fill(data)
-	w.logf("write %d+%d", off, length)
-	if n, err := p.img.WriteAt(data, int64(off)); err != nil || n != len(data) {
-		w.t.Fatalf("write %d+%d to %s: %d, %v", off, length, p.name, n, err)
-	}
-}
-
-// rollback rolls p back to its snapshot snap, as `rbd snap rollback` does.
-func (w *preciseWorkload) rollback(p *preciseImage, snap string) {
-	w.t.Helper()
-	w.kind("rollback")
-	w.logf("rollback %s to %s", p.name, snap)
-	if err := p.img.GetSnapshot(snap).Rollback(); err != nil {
-		w.t.Fatalf("rollback %s to %s: %v", p.name, snap, err)
-	}
-}
-
 // checkHazard checks every Allocated and Delta of the workload's last image
 // in every mode, and logs the table.
-func checkHazard(t *testing.T, w *preciseWorkload, srcs map[string]*rsm.Source) {
+func checkHazard(t *testing.T, w *oracle.Workload, srcs map[string]*rsm.Source) {
 	t.Helper()
-	tot := newPreciseTotals()
-	w.allPairs = true // few snapshots, each pair chosen
-	w.check(srcs, tot)
-	t.Log("\n" + tot.table())
+	tot := oracle.NewTotals()
+	w.AllPairs = true // few snapshots, each pair chosen
+	w.Check(srcs, tot)
+	t.Log("\n" + tot.Table())
 	if t.Failed() {
-		t.Logf("history:\n%s", strings.Join(w.log, "\n"))
+		t.Logf("history:\n%s", strings.Join(w.Log, "\n"))
 	}
 }
 
@@ -124,55 +56,55 @@ func checkHazard(t *testing.T, w *preciseWorkload, srcs map[string]*rsm.Source) 
 // that snapshot's object map, clean bits included, over the head's, so
 // the dirty bits of the next snapshot say nothing changed.
 func TestPreciseRollback(t *testing.T) {
-	conn := connectAdmin(t)
-	ioctx := openIOContext(t, conn, pool, "")
-	srcs := preciseSources(t)
+	conn := harness.ConnectAdmin(t)
+	ioctx := harness.OpenIOContext(t, conn, harness.Pool, "")
+	srcs := oracle.Sources(t)
 	// The snapshot rolled back to must hold clean bits: one taken with
 	// nothing changed since the one before.
 	t.Run("plain", func(t *testing.T) {
-		w := newPreciseWorkload(t, ioctx, 16)
-		p := w.hazardImage(nil, 16*mib, 20)
+		w := oracle.NewWorkload(t, ioctx, 16)
+		p := w.HazardImage(nil, 16*harness.MiB, 20)
 		for _, o := range []uint64{0, 1, 3} {
-			w.write(p, o*mib+64*preciseKiB, 128*preciseKiB)
+			w.Write(p, o*harness.MiB+64*oracle.KiB, 128*oracle.KiB)
 		}
-		w.snap(p) // s1
-		w.snap(p) // s2: clean bits
+		w.Snap(p) // s1
+		w.Snap(p) // s2: clean bits
 		for _, o := range []uint64{0, 1, 3, 5} {
-			w.write(p, o*mib+64*preciseKiB, 128*preciseKiB)
+			w.Write(p, o*harness.MiB+64*oracle.KiB, 128*oracle.KiB)
 		}
-		w.snap(p) // s3: the base
-		w.rollback(p, "s2")
-		w.snap(p) // s4: 512 KiB changed since s3, all reverted
-		w.write(p, 2*mib, 4*preciseKiB)
-		w.snap(p) // s5
-		w.rollback(p, "s3")
-		w.snap(p) // s6
+		w.Snap(p) // s3: the base
+		w.Rollback(p, "s2")
+		w.Snap(p) // s4: 512 KiB changed since s3, all reverted
+		w.Write(p, 2*harness.MiB, 4*oracle.KiB)
+		w.Snap(p) // s5
+		w.Rollback(p, "s3")
+		w.Snap(p) // s6
 		checkHazard(t, w, srcs)
 	})
 	t.Run("clone", func(t *testing.T) {
-		w := newPreciseWorkload(t, ioctx, 17)
-		parent := w.hazardImage(nil, 16*mib, 20)
+		w := oracle.NewWorkload(t, ioctx, 17)
+		parent := w.HazardImage(nil, 16*harness.MiB, 20)
 		for o := uint64(0); o < 16; o++ {
-			w.write(parent, o*mib, mib)
+			w.Write(parent, o*harness.MiB, harness.MiB)
 		}
-		w.snap(parent)
-		p := w.hazardImage(parent, 0, 20)
-		w.snap(p) // s1: all parent data
+		w.Snap(parent)
+		p := w.HazardImage(parent, 0, 20)
+		w.Snap(p) // s1: all parent data
 		for _, o := range []uint64{2, 4} {
-			w.write(p, o*mib+64*preciseKiB, 128*preciseKiB)
+			w.Write(p, o*harness.MiB+64*oracle.KiB, 128*oracle.KiB)
 		}
-		w.snap(p) // s2: objects 2 and 4 copied up
-		w.snap(p) // s3: clean bits
+		w.Snap(p) // s2: objects 2 and 4 copied up
+		w.Snap(p) // s3: clean bits
 		for _, o := range []uint64{2, 4, 6} {
-			w.write(p, o*mib+64*preciseKiB, 128*preciseKiB)
+			w.Write(p, o*harness.MiB+64*oracle.KiB, 128*oracle.KiB)
 		}
-		w.snap(p) // s4: the base
-		w.rollback(p, "s3")
-		w.snap(p) // s5
-		w.write(p, 8*mib, 4*preciseKiB)
-		w.snap(p) // s6
-		w.rollback(p, "s1")
-		w.snap(p) // s7: parent data again
+		w.Snap(p) // s4: the base
+		w.Rollback(p, "s3")
+		w.Snap(p) // s5
+		w.Write(p, 8*harness.MiB, 4*oracle.KiB)
+		w.Snap(p) // s6
+		w.Rollback(p, "s1")
+		w.Snap(p) // s7: parent data again
 		checkHazard(t, w, srcs)
 	})
 }
@@ -182,18 +114,18 @@ func TestPreciseRollback(t *testing.T) {
 // after can have its dirty bit overwritten with a clean one. Twelve
 // trials, one object each.
 func TestPreciseCopyOnRead(t *testing.T) {
-	conn := connectAdmin(t)
-	ioctx := openIOContext(t, conn, pool, "")
-	srcs := preciseSources(t)
-	w := newPreciseWorkload(t, ioctx, 18)
-	parent := w.hazardImage(nil, 24*mib, 20)
+	conn := harness.ConnectAdmin(t)
+	ioctx := harness.OpenIOContext(t, conn, harness.Pool, "")
+	srcs := oracle.Sources(t)
+	w := oracle.NewWorkload(t, ioctx, 18)
+	parent := w.HazardImage(nil, 24*harness.MiB, 20)
 	for o := uint64(0); o < 24; o++ {
-		w.write(parent, o*mib, mib)
+		w.Write(parent, o*harness.MiB, harness.MiB)
 	}
-	w.snap(parent)
-	p := w.hazardImage(parent, 0, 20)
-	w.copyOnRead(p) // the writer now copies up on read
-	w.snap(p)
+	w.Snap(parent)
+	p := w.HazardImage(parent, 0, 20)
+	w.CopyOnRead(p) // the writer now copies up on read
+	w.Snap(p)
 	// The copy-up starts once the read returned; the write must reach the
 	// object while the copy-up decides the object map state, so the trials
 	// wait a little longer each before writing, and two write while the
@@ -201,33 +133,33 @@ func TestPreciseCopyOnRead(t *testing.T) {
 	delays := []time.Duration{-1, 0, 50 * time.Microsecond, 100 * time.Microsecond, 200 * time.Microsecond, 400 * time.Microsecond,
 		700 * time.Microsecond, time.Millisecond, 2 * time.Millisecond, 3 * time.Millisecond, 5 * time.Millisecond, -1}
 	for i, delay := range delays {
-		o := 2 * uint64(i) * mib
+		o := 2 * uint64(i) * harness.MiB
 		read := func(off uint64) {
-			buf := make([]byte, 4*preciseKiB)
-			if _, err := p.img.ReadAt(buf, int64(off)); err != nil {
+			buf := make([]byte, 4*oracle.KiB)
+			if _, err := p.Img.ReadAt(buf, int64(off)); err != nil {
 				t.Error(err)
 			}
 		}
-		w.logf("read %d+%d, write after %v", o, 4*preciseKiB, delay)
+		w.Logf("read %d+%d, write after %v", o, 4*oracle.KiB, delay)
 		if delay >= 0 {
 			read(o)
 			if delay > 0 {
 				time.Sleep(delay)
 			}
-			w.write(p, o+512*preciseKiB, 4*preciseKiB)
+			w.Write(p, o+512*oracle.KiB, 4*oracle.KiB)
 		} else {
 			done := make(chan struct{})
 			go func() { defer close(done); read(o) }()
-			w.write(p, o+512*preciseKiB, 4*preciseKiB)
+			w.Write(p, o+512*oracle.KiB, 4*oracle.KiB)
 			<-done
 		}
-		read(o + mib) // read only: copied up alone
+		read(o + harness.MiB) // read only: copied up alone
 		if i%2 == 1 {
-			w.snap(p)
+			w.Snap(p)
 		}
 	}
 	// The premise: reads copy up. Object 1 was only read.
-	st, err := p.img.Stat()
+	st, err := p.Img.Stat()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -245,23 +177,23 @@ func TestPreciseCopyOnRead(t *testing.T) {
 // TestPreciseFormat1: a format 1 image names its objects rb.0.<...>.%012x;
 // it has no object map, so every mode lists its objects.
 func TestPreciseFormat1(t *testing.T) {
-	conn := connectAdmin(t)
-	ioctx := openIOContext(t, conn, pool, "")
-	srcs := preciseSources(t)
+	conn := harness.ConnectAdmin(t)
+	ioctx := harness.OpenIOContext(t, conn, harness.Pool, "")
+	srcs := oracle.Sources(t)
 	for _, seed := range []uint64{19, 20, 21} {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
-			w := newPreciseWorkload(t, ioctx, seed)
-			w.walks = true // format 1 has no object map
-			p := &preciseImage{name: uniqueName(t, "format1"), objSize: mib, size: 24 * mib}
+			w := oracle.NewWorkload(t, ioctx, seed)
+			w.Walks = true // format 1 has no object map
+			p := &oracle.Image{Name: harness.UniqueName(t, "format1"), ObjSize: harness.MiB, Size: 24 * harness.MiB}
 			t.Setenv("RBD_FORCE_ALLOW_V1", "1") // reef creates format 1 images only so
-			rbdCLI(t, "create", "--image-format", "1", "--object-size", "1M", "--size", "24M", pool+"/"+p.name)
-			removeImageOnCleanup(t, ioctx, p.name)
-			w.open(p)
-			if old, err := p.img.IsOldFormat(); err != nil || !old {
-				t.Fatalf("%s: old format %v, %v; want a format 1 image", p.name, old, err)
+			harness.RbdCLI(t, "create", "--image-format", "1", "--object-size", "1M", "--size", "24M", harness.Pool+"/"+p.Name)
+			harness.RemoveImageOnCleanup(t, ioctx, p.Name)
+			w.Open(p)
+			if old, err := p.Img.IsOldFormat(); err != nil || !old {
+				t.Fatalf("%s: old format %v, %v; want a format 1 image", p.Name, old, err)
 			}
-			w.images = append(w.images, p)
-			w.history(p, 25)
+			w.Images = append(w.Images, p)
+			w.History(p, 25)
 			checkHazard(t, w, srcs)
 		})
 	}
@@ -277,58 +209,58 @@ func TestPreciseFormat1(t *testing.T) {
 // and every Ceph-CSI snapshot is one. The test checks that refusal, and
 // should librbd ever allow it, that the handles are refused too.
 func TestPreciseMigration(t *testing.T) {
-	conn := connectAdmin(t)
-	ioctx := openIOContext(t, conn, pool, "")
-	srcs := preciseSources(t)
+	conn := harness.ConnectAdmin(t)
+	ioctx := harness.OpenIOContext(t, conn, harness.Pool, "")
+	srcs := oracle.Sources(t)
 	refused := func(t *testing.T, what, base, target string) {
 		t.Helper()
-		for _, m := range preciseModes {
-			d, err := srcs[m.name].Open(context.Background(), rsm.Request{Base: base, Target: target, Secrets: preciseSecrets(t)})
+		for _, m := range oracle.Modes {
+			d, err := srcs[m.Name].Open(context.Background(), rsm.Request{Base: base, Target: target, Secrets: oracle.Secrets(t)})
 			if err == nil {
 				var n int64
 				err = d.Iterate(context.Background(), 0, func(off, length int64) error { n += length; return nil })
 				d.Close()
-				t.Errorf("%s, %s: answered (%d bytes, %v), want errors.ErrUnsupported: the data is in the migration source", what, m.name, n, err)
+				t.Errorf("%s, %s: answered (%d bytes, %v), want errors.ErrUnsupported: the data is in the migration source", what, m.Name, n, err)
 				continue
 			}
 			if !errors.Is(err, errors.ErrUnsupported) {
-				t.Errorf("%s, %s: %v, want errors.ErrUnsupported (FAILED_PRECONDITION)", what, m.name, err)
+				t.Errorf("%s, %s: %v, want errors.ErrUnsupported (FAILED_PRECONDITION)", what, m.Name, err)
 				continue
 			}
-			t.Logf("%s, %s: refused: %v", what, m.name, err)
+			t.Logf("%s, %s: refused: %v", what, m.Name, err)
 		}
 	}
 
 	t.Run("native", func(t *testing.T) {
-		src := uniqueName(t, "migrating")
-		img := createImage(t, ioctx, src, 16*mib)
-		writeAt(t, img, 0, 2*mib)
-		snapshot(t, img, "n1")
-		writeAt(t, img, 4*mib, 128*preciseKiB)
-		snapshot(t, img, "n2")
+		src := harness.UniqueName(t, "migrating")
+		img := harness.CreateImage(t, ioctx, src, 16*harness.MiB)
+		harness.WriteAt(t, img, 0, 2*harness.MiB)
+		harness.Snapshot(t, img, "n1")
+		harness.WriteAt(t, img, 4*harness.MiB, 128*oracle.KiB)
+		harness.Snapshot(t, img, "n2")
 		if err := img.Close(); err != nil {
 			t.Fatal(err)
 		}
 		dst := src + "-migrated"
-		rbdCLI(t, "migration", "prepare", pool+"/"+src, pool+"/"+dst)
-		t.Cleanup(func() { rbdCLI(t, "migration", "abort", pool+"/"+dst) })
-		id := func(snap string) string { return clusterID + "/" + pool + "/" + dst + "@" + snap }
+		harness.RbdCLI(t, "migration", "prepare", harness.Pool+"/"+src, harness.Pool+"/"+dst)
+		t.Cleanup(func() { harness.RbdCLI(t, "migration", "abort", harness.Pool+"/"+dst) })
+		id := func(snap string) string { return harness.ClusterID + "/" + harness.Pool + "/" + dst + "@" + snap }
 		refused(t, "allocated", "", id("n2"))
 		refused(t, "delta", id("n1"), id("n2"))
 	})
 
 	t.Run("ceph-csi", func(t *testing.T) {
-		c := newCSICluster(t, conn, clusterID, "")
-		v := c.createVolume(t, 16*mib, nil)
-		v.write(t, 0, 2*mib)
-		s1 := v.snapshot(t)
-		v.write(t, 4*mib, 128*preciseKiB)
-		s2 := v.snapshot(t)
-		if err := v.img.Close(); err != nil {
+		c := harness.NewCSICluster(t, conn, harness.ClusterID, "")
+		v := c.CreateVolume(t, 16*harness.MiB, nil)
+		v.Write(t, 0, 2*harness.MiB)
+		s1 := v.Snapshot(t)
+		v.Write(t, 4*harness.MiB, 128*oracle.KiB)
+		s2 := v.Snapshot(t)
+		if err := v.Img.Close(); err != nil {
 			t.Fatal(err)
 		}
-		dst := v.name + "-migrated"
-		out, err := rbdTry(t, "migration", "prepare", pool+"/"+v.name, pool+"/"+dst)
+		dst := v.Name + "-migrated"
+		out, err := harness.RbdTry(t, "migration", "prepare", harness.Pool+"/"+v.Name, harness.Pool+"/"+dst)
 		if err != nil {
 			if !strings.Contains(string(out), "linked clones") {
 				t.Fatalf("migration prepare of a volume with Ceph-CSI snapshots failed, but not for its linked clones: %v\n%s", err, out)
@@ -336,20 +268,10 @@ func TestPreciseMigration(t *testing.T) {
 			t.Logf("as expected, librbd refuses to migrate a volume with Ceph-CSI snapshots: %s", strings.TrimSpace(string(out)))
 			return
 		}
-		t.Cleanup(func() { rbdCLI(t, "migration", "abort", pool+"/"+dst) })
-		refused(t, "handle allocated", "", s2.handle())
-		refused(t, "handle delta", s1.handle(), s2.handle())
+		t.Cleanup(func() { harness.RbdCLI(t, "migration", "abort", harness.Pool+"/"+dst) })
+		refused(t, "handle allocated", "", s2.Handle())
+		refused(t, "handle delta", s1.Handle(), s2.Handle())
 	})
-}
-
-// rbdTry runs the rbd command line tool and returns its combined output
-// and error, for commands that may fail.
-func rbdTry(t testing.TB, args ...string) ([]byte, error) {
-	t.Helper()
-	clusterEnv(t, "CEPH_CONF")
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	return exec.CommandContext(ctx, "rbd", args...).CombinedOutput()
 }
 
 // TestPreciseFallbackReported: the server binary names precise mode's
@@ -357,66 +279,68 @@ func rbdTry(t testing.TB, args ...string) ([]byte, error) {
 // /metrics: an image it must not refine (non-default striping) falls back
 // as a whole, and an ordinary one is refined object by object.
 func TestPreciseFallbackReported(t *testing.T) {
-	conn := connectAdmin(t)
-	ioctx := openIOContext(t, conn, pool, "")
-	addr := freeTCPAddr(t)
-	srv := startServer(t, "-v=2", "--metrics-address="+addr)
+	conn := harness.ConnectAdmin(t)
+	ioctx := harness.OpenIOContext(t, conn, harness.Pool, "")
+	addr := harness.FreeTCPAddr(t)
+	srv := harness.StartServer(t, "-v=2", "--metrics-address="+addr)
 
-	striped := uniqueName(t, "precise-striped")
-	opts := imageOptions(t, false)
+	striped := harness.UniqueName(t, "precise-striped")
+	opts := harness.ImageOptions(t, false)
 	for _, o := range []struct {
 		opt rbd.ImageOption
 		v   uint64
-	}{{rbd.ImageOptionFeatures, imageFeatures | rbd.FeatureStripingV2}, {rbd.ImageOptionStripeUnit, 64 * preciseKiB}, {rbd.ImageOptionStripeCount, 4}} {
+	}{{rbd.ImageOptionFeatures, harness.ImageFeatures | rbd.FeatureStripingV2}, {rbd.ImageOptionStripeUnit, 64 * oracle.KiB}, {rbd.ImageOptionStripeCount, 4}} {
 		if err := opts.SetUint64(o.opt, o.v); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := rbd.CreateImage(ioctx, striped, 32*mib, opts); err != nil {
+	if err := rbd.CreateImage(ioctx, striped, 32*harness.MiB, opts); err != nil {
 		t.Fatalf("create striped image: %v", err)
 	}
-	removeImageOnCleanup(t, ioctx, striped)
+	harness.RemoveImageOnCleanup(t, ioctx, striped)
 	img, err := rbd.OpenImage(ioctx, striped, rbd.NoSnapshot)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer img.Close()
-	writeAt(t, img, 5*mib, 64*preciseKiB)
-	snapshot(t, img, "s1")
-	writeAt(t, img, 20*mib, 4*preciseKiB)
-	snapshot(t, img, "s2")
+	harness.WriteAt(t, img, 5*harness.MiB, 64*oracle.KiB)
+	harness.Snapshot(t, img, "s1")
+	harness.WriteAt(t, img, 20*harness.MiB, 4*oracle.KiB)
+	harness.Snapshot(t, img, "s2")
 
-	plain := uniqueName(t, "precise-plain")
-	pimg := createImage(t, ioctx, plain, 32*mib)
-	writeAt(t, pimg, 5*mib, 64*preciseKiB)
-	snapshot(t, pimg, "s1")
-	writeAt(t, pimg, 20*mib, 4*preciseKiB)
-	snapshot(t, pimg, "s2")
+	plain := harness.UniqueName(t, "precise-plain")
+	pimg := harness.CreateImage(t, ioctx, plain, 32*harness.MiB)
+	harness.WriteAt(t, pimg, 5*harness.MiB, 64*oracle.KiB)
+	harness.Snapshot(t, pimg, "s1")
+	harness.WriteAt(t, pimg, 20*harness.MiB, 4*oracle.KiB)
+	harness.Snapshot(t, pimg, "s2")
 
-	id := func(image, snap string) string { return clusterID + "/" + pool + "/" + image + "@" + snap }
-	for _, r := range []metaReq{
-		{base: id(striped, "s1"), target: id(striped, "s2"), secrets: csiSecrets(t)},
-		{base: id(plain, "s1"), target: id(plain, "s2"), secrets: csiSecrets(t)},
+	id := func(image, snap string) string {
+		return harness.ClusterID + "/" + harness.Pool + "/" + image + "@" + snap
+	}
+	for _, r := range []harness.MetaReq{
+		{Base: id(striped, "s1"), Target: id(striped, "s2"), Secrets: harness.CSISecrets(t)},
+		{Base: id(plain, "s1"), Target: id(plain, "s2"), Secrets: harness.CSISecrets(t)},
 	} {
-		if m := srv.get(t, r); m.err != nil {
-			t.Fatalf("%v: %v", r, m.err)
+		if m := srv.Get(t, r); m.Err != nil {
+			t.Fatalf("%v: %v", r, m.Err)
 		}
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	for strings.Count(srv.log(), `"Stream finished"`) < 2 && time.Now().Before(deadline) {
+	for strings.Count(srv.Log(), `"Stream finished"`) < 2 && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
 	}
-	log := srv.log()
+	log := srv.Log()
 	for _, want := range []string{`imageFallback="striping"`, `candidates="existence"`, `refinedObjects=`} {
 		if !strings.Contains(log, want) {
-			t.Errorf("the -v=2 log lacks %s:\n%s", want, tail(log, 20))
+			t.Errorf("the -v=2 log lacks %s:\n%s", want, harness.Tail(log, 20))
 		}
 	}
-	body := scrape(t, addr)
-	if v, ok := metricValue(body, `rbd_snapshot_metadata_precise_fallbacks_total{method="GetMetadataDelta",reason="striping",scope="image"}`); !ok || v != 1 {
+	body := harness.Scrape(t, addr)
+	if v, ok := harness.MetricValue(body, `rbd_snapshot_metadata_precise_fallbacks_total{method="GetMetadataDelta",reason="striping",scope="image"}`); !ok || v != 1 {
 		t.Errorf("/metrics: image fallbacks for striping %v (present %v), want 1", v, ok)
 	}
-	if v, ok := metricValue(body, `rbd_snapshot_metadata_precise_objects_total{method="GetMetadataDelta"}`); !ok || v < 2 {
+	if v, ok := harness.MetricValue(body, `rbd_snapshot_metadata_precise_objects_total{method="GetMetadataDelta"}`); !ok || v < 2 {
 		t.Errorf("/metrics: refined objects %v (present %v), want at least 2", v, ok)
 	}
 }
@@ -426,51 +350,51 @@ func TestPreciseFallbackReported(t *testing.T) {
 // silently lists every object; precise mode walks them itself instead,
 // and must miss nothing, on a plain image and a clone.
 func TestPreciseInvalidObjectMap(t *testing.T) {
-	conn := connectAdmin(t)
-	ioctx := openIOContext(t, conn, pool, "")
-	srcs := preciseSources(t)
-	invalidate := func(w *preciseWorkload, p *preciseImage) {
+	conn := harness.ConnectAdmin(t)
+	ioctx := harness.OpenIOContext(t, conn, harness.Pool, "")
+	srcs := oracle.Sources(t)
+	invalidate := func(w *oracle.Workload, p *oracle.Image) {
 		t.Helper()
-		w.logf("disable and enable fast-diff on %s", p.name)
+		w.Logf("disable and enable fast-diff on %s", p.Name)
 		for _, on := range []bool{false, true} {
-			if err := p.img.UpdateFeatures(rbd.FeatureObjectMap|rbd.FeatureFastDiff, on); err != nil {
-				t.Fatalf("update features of %s (%v): %v", p.name, on, err)
+			if err := p.Img.UpdateFeatures(rbd.FeatureObjectMap|rbd.FeatureFastDiff, on); err != nil {
+				t.Fatalf("update features of %s (%v): %v", p.Name, on, err)
 			}
 		}
 	}
-	history := func(w *preciseWorkload, p *preciseImage) {
+	history := func(w *oracle.Workload, p *oracle.Image) {
 		for _, o := range []uint64{0, 3, 5} {
-			w.write(p, o*mib+64*preciseKiB, 128*preciseKiB)
+			w.Write(p, o*harness.MiB+64*oracle.KiB, 128*oracle.KiB)
 		}
-		w.snap(p) // s1
+		w.Snap(p) // s1
 		invalidate(w, p)
 		for _, o := range []uint64{3, 6, 9} {
-			w.write(p, o*mib+512*preciseKiB, 4*preciseKiB)
+			w.Write(p, o*harness.MiB+512*oracle.KiB, 4*oracle.KiB)
 		}
-		if _, err := p.img.Discard(5*mib, mib); err != nil {
+		if _, err := p.Img.Discard(5*harness.MiB, harness.MiB); err != nil {
 			t.Fatalf("discard: %v", err)
 		}
-		w.logf("discard %d+%d", 5*mib, mib)
-		w.snap(p) // s2
-		w.write(p, 12*mib+7, 9000)
-		w.snap(p) // s3
+		w.Logf("discard %d+%d", 5*harness.MiB, harness.MiB)
+		w.Snap(p) // s2
+		w.Write(p, 12*harness.MiB+7, 9000)
+		w.Snap(p) // s3
 	}
 	t.Run("plain", func(t *testing.T) {
-		w := newPreciseWorkload(t, ioctx, 18)
-		w.walks = true
-		p := w.hazardImage(nil, 16*mib, 20)
+		w := oracle.NewWorkload(t, ioctx, 18)
+		w.Walks = true
+		p := w.HazardImage(nil, 16*harness.MiB, 20)
 		history(w, p)
 		checkHazard(t, w, srcs)
 	})
 	t.Run("clone", func(t *testing.T) {
-		w := newPreciseWorkload(t, ioctx, 19)
-		w.walks = true
-		parent := w.hazardImage(nil, 16*mib, 20)
+		w := oracle.NewWorkload(t, ioctx, 19)
+		w.Walks = true
+		parent := w.HazardImage(nil, 16*harness.MiB, 20)
 		for o := uint64(0); o < 16; o += 2 {
-			w.write(parent, o*mib, mib)
+			w.Write(parent, o*harness.MiB, harness.MiB)
 		}
-		w.snap(parent)
-		p := w.hazardImage(parent, 0, 20)
+		w.Snap(parent)
+		p := w.HazardImage(parent, 0, 20)
 		history(w, p)
 		checkHazard(t, w, srcs)
 	})

@@ -9,6 +9,9 @@ import (
 
 	"github.com/ceph/go-ceph/rados"
 	"github.com/ceph/go-ceph/rbd"
+
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/harness"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/oracle"
 )
 
 // TestPreciseListing: precise mode's walk by listing (rsm.WalkList) relies
@@ -22,34 +25,34 @@ import (
 //
 //	e2e/with-cluster.sh go test -tags pacific,e2e -exec "$PWD/e2e/exec.sh" ./e2e/ -run TestPreciseListing -v
 func TestPreciseListing(t *testing.T) {
-	conn := connectAdmin(t)
-	srcs := preciseSources(t)
-	history := func(w *preciseWorkload, p *preciseImage, clone bool) {
-		t := w.t
+	conn := harness.ConnectAdmin(t)
+	srcs := oracle.Sources(t)
+	history := func(w *oracle.Workload, p *oracle.Image, clone bool) {
+		t := w.T
 		for o := uint64(1); o < 8; o++ {
-			w.write(p, o*objSize+o*64*preciseKiB, 256*preciseKiB)
+			w.Write(p, o*harness.ObjSize+o*64*oracle.KiB, 256*oracle.KiB)
 		}
-		w.write(p, 2*objSize, objSize)
-		w.snap(p) // s1
-		w.logf("discard object 2 whole; shrink to 5.25 objects")
-		discard(t, p.img, 2*objSize, objSize)
-		resizeImage(t, p.img, 5*objSize+objSize/4)
-		p.size = 5*objSize + objSize/4
-		w.snap(p) // s2
-		resizeImage(t, p.img, 8*objSize)
-		p.size = 8 * objSize
-		w.write(p, 6*objSize+4096, 4096)
-		w.snap(p) // s3
+		w.Write(p, 2*harness.ObjSize, harness.ObjSize)
+		w.Snap(p) // s1
+		w.Logf("discard object 2 whole; shrink to 5.25 objects")
+		harness.Discard(t, p.Img, 2*harness.ObjSize, harness.ObjSize)
+		harness.ResizeImage(t, p.Img, 5*harness.ObjSize+harness.ObjSize/4)
+		p.Size = 5*harness.ObjSize + harness.ObjSize/4
+		w.Snap(p) // s2
+		harness.ResizeImage(t, p.Img, 8*harness.ObjSize)
+		p.Size = 8 * harness.ObjSize
+		w.Write(p, 6*harness.ObjSize+4096, 4096)
+		w.Snap(p) // s3
 		// Object 7 (cut off by the shrink) has no head now, only its
 		// clone at s1; nor has object 2 (discarded whole after s1),
 		// unless the image is a clone, where librbd keeps the object, empty,
 		// to hide the parent's data.
-		st, err := p.img.Stat()
+		st, err := p.Img.Stat()
 		if err != nil {
 			t.Fatal(err)
 		}
 		listed := map[string]bool{}
-		if err := w.ioctx.ListObjects(func(oid string) { listed[oid] = true }); err != nil {
+		if err := w.IOCtx.ListObjects(func(oid string) { listed[oid] = true }); err != nil {
 			t.Fatal(err)
 		}
 		whiteouts := []uint64{2, 7}
@@ -58,7 +61,7 @@ func TestPreciseListing(t *testing.T) {
 		}
 		for _, o := range whiteouts {
 			name := fmt.Sprintf("%s.%016x", st.Block_name_prefix, o)
-			if _, err := w.ioctx.Stat(name); !errors.Is(err, rados.ErrNotFound) {
+			if _, err := w.IOCtx.Stat(name); !errors.Is(err, rados.ErrNotFound) {
 				t.Errorf("stat %s at the head: %v, want ENOENT (a whiteout)", name, err)
 			}
 			if !listed[name] {
@@ -71,21 +74,21 @@ func TestPreciseListing(t *testing.T) {
 		clone    bool
 	}{{"plain", "", false}, {"namespace", "ns1", false}, {"clone", "", true}} {
 		t.Run(c.name, func(t *testing.T) {
-			w := newPreciseWorkload(t, openIOContext(t, conn, pool, c.ns), 41)
-			w.features = rbd.FeatureLayering
-			w.ns = c.ns
-			w.walks = true
-			var parent *preciseImage
+			w := oracle.NewWorkload(t, harness.OpenIOContext(t, conn, harness.Pool, c.ns), 41)
+			w.Features = rbd.FeatureLayering
+			w.NS = c.ns
+			w.Walks = true
+			var parent *oracle.Image
 			if c.clone {
-				parent = w.hazardImage(nil, 8*objSize, 22)
+				parent = w.HazardImage(nil, 8*harness.ObjSize, 22)
 				for o := uint64(0); o < 8; o += 2 {
-					w.write(parent, o*objSize+mib, mib)
+					w.Write(parent, o*harness.ObjSize+harness.MiB, harness.MiB)
 				}
-				w.snap(parent)
+				w.Snap(parent)
 			}
-			p := w.hazardImage(parent, 8*objSize, 22)
-			if err := p.img.UpdateFeatures(rbd.FeatureFastDiff|rbd.FeatureObjectMap|rbd.FeatureExclusiveLock, false); err != nil {
-				t.Fatalf("disable the object map of %s: %v", p.name, err)
+			p := w.HazardImage(parent, 8*harness.ObjSize, 22)
+			if err := p.Img.UpdateFeatures(rbd.FeatureFastDiff|rbd.FeatureObjectMap|rbd.FeatureExclusiveLock, false); err != nil {
+				t.Fatalf("disable the object map of %s: %v", p.Name, err)
 			}
 			history(w, p, c.clone)
 			checkHazard(t, w, srcs)

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/driver"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/harness"
 	rsm "github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd"
 )
 
@@ -42,55 +43,55 @@ var relModes = []struct {
 // must serve the same request in full right after, and once the server
 // is stopped and the source closed, no goroutine may be left over.
 func TestReliabilityCancelLeaks(t *testing.T) {
-	v, _ := manyWrites(t, 16384)
+	v, _ := harness.ManyWrites(t, 16384)
 	baseline := goleak.IgnoreCurrent()
 	const pageMax = 100
 	for _, mode := range relModes {
 		t.Run(mode.name, func(t *testing.T) {
-			p := startInProc(t, mode.opts, nil, driver.Options{})
-			for _, q := range []metaReq{{target: v.id("s2"), max: pageMax}, {base: v.id("s1"), target: v.id("s2"), max: pageMax}} {
-				q.secrets = csiSecrets(t)
+			p := harness.StartInProc(t, mode.opts, nil, driver.Options{})
+			for _, q := range []harness.MetaReq{{Target: v.ID("s2"), Max: pageMax}, {Base: v.ID("s1"), Target: v.ID("s2"), Max: pageMax}} {
+				q.Secrets = harness.CSISecrets(t)
 				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-				full := p.call(ctx, q)
+				full := p.Call(ctx, q)
 				cancel()
-				if full.err != nil {
-					t.Fatalf("%v: %v", q, full.err)
+				if full.Err != nil {
+					t.Fatalf("%v: %v", q, full.Err)
 				}
-				p.svc.next(t, 10*time.Second)
-				want := full.tuples()
-				pages := len(full.pages)
+				p.Svc.Next(t, 10*time.Second)
+				want := full.Tuples()
+				pages := len(full.Pages)
 				if pages < 10 {
 					// exact mode reports this volume's allocated data as
 					// whole objects, merged into one tuple.
 					t.Logf("%v: %d pages; too few to cancel in the middle", q, pages)
 					continue
 				}
-				p.waitRefs(t)
+				p.WaitRefs(t)
 				for _, at := range []struct {
 					name string
 					page int
 				}{{"first page", 1}, {"mid-stream", pages / 2}, {"last page", pages}} {
-					t.Run(fmt.Sprintf("%s/%s", map[bool]string{true: "allocated", false: "delta"}[q.base == ""], at.name), func(t *testing.T) {
+					t.Run(fmt.Sprintf("%s/%s", map[bool]string{true: "allocated", false: "delta"}[q.Base == ""], at.name), func(t *testing.T) {
 						cancelAt(t, p, q, at.page, want)
 						// The connection went back to the cache, and serves again.
-						if st := p.src.Stats(); st.Conns == 0 {
+						if st := p.Src.Stats(); st.Conns == 0 {
 							t.Errorf("no cached connection after the cancel: %+v", st)
 						}
 						ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-						again := p.call(ctx, q)
+						again := p.Call(ctx, q)
 						cancel()
-						p.svc.next(t, 10*time.Second)
-						if again.err != nil {
-							t.Fatalf("the request after the cancel: %v", again.err)
+						p.Svc.Next(t, 10*time.Second)
+						if again.Err != nil {
+							t.Fatalf("the request after the cancel: %v", again.Err)
 						}
-						if diff := diffSpans(want, again.tuples()); diff != "" {
+						if diff := harness.DiffSpans(want, again.Tuples()); diff != "" {
 							t.Errorf("the request after the cancel: %s", diff)
 						}
-						p.waitRefs(t)
+						p.WaitRefs(t)
 					})
 				}
 			}
-			p.stop(t)
+			p.Stop(t)
 		})
 	}
 	goleak.VerifyNone(t, baseline)
@@ -98,21 +99,21 @@ func TestReliabilityCancelLeaks(t *testing.T) {
 
 // cancelAt reads page pages of q, cancels the call, and checks the client's
 // and the handler's view of the end of the stream.
-func cancelAt(t *testing.T, p *inProc, q metaReq, pages int, want []span) {
+func cancelAt(t *testing.T, p *harness.InProc, q harness.MetaReq, pages int, want []harness.Span) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	recv, err := p.open(ctx, q)
+	recv, err := p.Open(ctx, q)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var got []span
+	var got []harness.Span
 	for i := 0; i < pages; i++ {
 		resp, err := recv()
 		if err != nil {
 			t.Fatalf("page %d: %v", i, err)
 		}
-		got = append(got, toPage(resp).tuples...)
+		got = append(got, harness.ToPage(resp).Tuples...)
 	}
 	cancel()
 	for {
@@ -121,37 +122,37 @@ func cancelAt(t *testing.T, p *inProc, q metaReq, pages int, want []span) {
 			err = err2
 			break
 		}
-		got = append(got, toPage(resp).tuples...)
+		got = append(got, harness.ToPage(resp).Tuples...)
 	}
 	// The client: CANCELLED, or, when the whole stream was in before the
 	// cancel, its end. Never OK with less than everything.
 	switch {
 	case errors.Is(err, io.EOF):
-		if diff := diffSpans(want, got); diff != "" {
+		if diff := harness.DiffSpans(want, got); diff != "" {
 			t.Errorf("a cancelled stream ended with OK but is not complete: %s", diff)
 		}
 	case status.Code(err) != codes.Canceled:
 		t.Errorf("cancelled stream: %v, want CANCELLED", err)
 	}
-	if diff := diffSpans(want[:min(len(got), len(want))], got); diff != "" {
+	if diff := harness.DiffSpans(want[:min(len(got), len(want))], got); diff != "" {
 		t.Errorf("the tuples before the cancel are not a prefix of the stream: %s", diff)
 	}
 	// The handler: non-OK, unless it had sent every tuple.
-	h := p.svc.next(t, 30*time.Second)
+	h := p.Svc.Next(t, 30*time.Second)
 	switch {
-	case h.panicked != nil:
-		t.Errorf("the handler panicked: %v", h.panicked)
-	case h.err == nil && h.tuples != len(want):
-		t.Errorf("the handler returned OK after sending %d of %d tuples", h.tuples, len(want))
-	case h.err != nil && status.Code(h.err) != codes.Canceled:
-		t.Errorf("the handler returned %v, want CANCELLED", h.err)
+	case h.Panicked != nil:
+		t.Errorf("the handler panicked: %v", h.Panicked)
+	case h.Err == nil && h.Tuples != len(want):
+		t.Errorf("the handler returned OK after sending %d of %d tuples", h.Tuples, len(want))
+	case h.Err != nil && status.Code(h.Err) != codes.Canceled:
+		t.Errorf("the handler returned %v, want CANCELLED", h.Err)
 	}
-	if pages == 1 && h.tuples >= len(want) {
-		t.Errorf("cancelled at the first page, the handler still sent all %d tuples: the diff did not stop", h.tuples)
+	if pages == 1 && h.Tuples >= len(want) {
+		t.Errorf("cancelled at the first page, the handler still sent all %d tuples: the diff did not stop", h.Tuples)
 	}
-	p.waitRefs(t)
+	p.WaitRefs(t)
 	t.Logf("cancelled after %d pages (%d tuples of %d); client: %v; handler: %v after sending %d tuples",
-		pages, len(got), len(want), err, h.err, h.tuples)
+		pages, len(got), len(want), err, h.Err, h.Tuples)
 }
 
 // panicSource wraps a source so that its diffs' callback panics at the
@@ -200,66 +201,66 @@ func (d *panicDiff) Close() error {
 // and lives on: the same request then streams in full. The panic, logged
 // at -v=10, must not carry the key; no goroutine is left over.
 func TestReliabilityPanic(t *testing.T) {
-	v, _ := manyWrites(t, 4096)
+	v, _ := harness.ManyWrites(t, 4096)
 	baseline := goleak.IgnoreCurrent()
-	key := clusterEnv(t, "CEPH_CSI_KEY")
+	key := harness.ClusterEnv(t, "CEPH_CSI_KEY")
 	for _, mode := range relModes {
 		t.Run(mode.name, func(t *testing.T) {
 			var ps *panicSource
-			p := startInProc(t, mode.opts, func(s driver.Source) driver.Source {
+			p := harness.StartInProc(t, mode.opts, func(s driver.Source) driver.Source {
 				ps = &panicSource{Source: s}
 				return ps
 			}, driver.Options{})
-			for _, q := range []metaReq{{target: v.id("s2"), max: 64}, {base: v.id("s1"), target: v.id("s2"), max: 64}} {
-				q.secrets = csiSecrets(t)
+			for _, q := range []harness.MetaReq{{Target: v.ID("s2"), Max: 64}, {Base: v.ID("s1"), Target: v.ID("s2"), Max: 64}} {
+				q.Secrets = harness.CSISecrets(t)
 				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-				want := p.call(ctx, q)
+				want := p.Call(ctx, q)
 				cancel()
-				p.svc.next(t, 10*time.Second)
-				if want.err != nil {
-					t.Fatalf("%v: %v", q, want.err)
+				p.Svc.Next(t, 10*time.Second)
+				if want.Err != nil {
+					t.Fatalf("%v: %v", q, want.Err)
 				}
 
 				// In the middle of the stream (exact mode's allocated
 				// answer here is one tuple: at the first).
-				ps.at.Store(max(1, int64(len(want.tuples())/2)))
+				ps.at.Store(max(1, int64(len(want.Tuples())/2)))
 				ps.armed.Store(true)
 				ctx, cancel = context.WithTimeout(context.Background(), 2*time.Minute)
-				m := p.call(ctx, q)
+				m := p.Call(ctx, q)
 				cancel()
-				h := p.svc.next(t, 10*time.Second)
-				if status.Code(m.err) != codes.Internal {
-					t.Errorf("%v with a panicking callback: %v after %d tuples, want INTERNAL", q, m.err, len(m.tuples()))
+				h := p.Svc.Next(t, 10*time.Second)
+				if status.Code(m.Err) != codes.Internal {
+					t.Errorf("%v with a panicking callback: %v after %d tuples, want INTERNAL", q, m.Err, len(m.Tuples()))
 				}
-				if len(m.tuples()) >= len(want.tuples()) && len(want.tuples()) > 1 {
-					t.Errorf("%v: the panicking stream still delivered all %d tuples", q, len(m.tuples()))
+				if len(m.Tuples()) >= len(want.Tuples()) && len(want.Tuples()) > 1 {
+					t.Errorf("%v: the panicking stream still delivered all %d tuples", q, len(m.Tuples()))
 				}
-				if h.panicked == nil {
-					t.Errorf("%v: the handler did not panic (returned %v)", q, h.err)
-				} else if !strings.Contains(fmt.Sprint(h.panicked), "callback stack") {
+				if h.Panicked == nil {
+					t.Errorf("%v: the handler did not panic (returned %v)", q, h.Err)
+				} else if !strings.Contains(fmt.Sprint(h.Panicked), "callback stack") {
 					// rbd's callbackPanic: recovered inside the cgo
 					// callback, raised again after librbd returned.
-					t.Errorf("%v: the panic did not come through rbd's diff callback: %v", q, h.panicked)
+					t.Errorf("%v: the panic did not come through rbd's diff callback: %v", q, h.Panicked)
 				}
-				p.waitRefs(t)
+				p.WaitRefs(t)
 				if o, c := ps.opened.Load(), ps.closed.Load(); o != c {
 					t.Errorf("%d diffs opened, %d closed", o, c)
 				}
 
 				ctx, cancel = context.WithTimeout(context.Background(), 2*time.Minute)
-				again := p.call(ctx, q)
+				again := p.Call(ctx, q)
 				cancel()
-				p.svc.next(t, 10*time.Second)
-				if again.err != nil {
-					t.Fatalf("%v after the panic: %v", q, again.err)
+				p.Svc.Next(t, 10*time.Second)
+				if again.Err != nil {
+					t.Fatalf("%v after the panic: %v", q, again.Err)
 				}
-				if diff := diffSpans(want.tuples(), again.tuples()); diff != "" {
+				if diff := harness.DiffSpans(want.Tuples(), again.Tuples()); diff != "" {
 					t.Errorf("%v after the panic: %s", q, diff)
 				}
-				t.Logf("%v: panic at extent %d → %v after %d tuples; then %d tuples OK", q, ps.at.Load(), status.Code(m.err), len(m.tuples()), len(again.tuples()))
+				t.Logf("%v: panic at extent %d → %v after %d tuples; then %d tuples OK", q, ps.at.Load(), status.Code(m.Err), len(m.Tuples()), len(again.Tuples()))
 			}
-			p.stop(t)
-			log := p.logs.String()
+			p.Stop(t)
+			log := p.Logs.String()
 			if !strings.Contains(log, "Handler panicked") || !strings.Contains(log, `"Request"`) {
 				t.Errorf("the -v=10 log lacks the panic or the requests; the secret check proves nothing")
 			}

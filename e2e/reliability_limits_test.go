@@ -18,6 +18,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/harness"
 )
 
 // threads is the number of OS threads of process pid.
@@ -42,7 +44,7 @@ func threads(t testing.TB, pid int) int64 {
 
 // heapInuse is the server's Go heap in use, in KiB.
 func heapInuse(t testing.TB, addr string) int64 {
-	v, ok := metricValue(scrape(t, addr), "go_memstats_heap_inuse_bytes")
+	v, ok := harness.MetricValue(harness.Scrape(t, addr), "go_memstats_heap_inuse_bytes")
 	if !ok {
 		t.Fatalf("/metrics has no go_memstats_heap_inuse_bytes")
 	}
@@ -51,10 +53,10 @@ func heapInuse(t testing.TB, addr string) int64 {
 
 // inFlight is the server's streams_in_flight, both RPCs.
 func inFlight(t testing.TB, addr string) float64 {
-	body := scrape(t, addr)
+	body := harness.Scrape(t, addr)
 	n := 0.0
 	for _, m := range []string{"GetMetadataAllocated", "GetMetadataDelta"} {
-		v, _ := metricValue(body, `rbd_snapshot_metadata_streams_in_flight{method="`+m+`"}`)
+		v, _ := harness.MetricValue(body, `rbd_snapshot_metadata_streams_in_flight{method="`+m+`"}`)
 		n += v
 	}
 	return n
@@ -79,36 +81,36 @@ func TestReliabilityLimits(t *testing.T) {
 		streams = 40
 		stall   = 5 * time.Second
 	)
-	conn := connectAdmin(t)
+	conn := harness.ConnectAdmin(t)
 	// 64 MiB written in full: 65536 FIXED_LENGTH 1 KiB tuples, 64 pages
 	// of 1024 tuples (about 10 KiB encoded): gRPC's windows (64 KiB on the
 	// client, 64 KiB of the server's write quota) hold about 13, so a
 	// stream that is not read blocks at about its 16th page. --precision
 	// exact: the diffs themselves take milliseconds, so the stall timer
 	// starts right after the streams open.
-	v, img := createVolume(t, conn, "", "stall", 64*mib, imageFeatures)
-	for off := uint64(0); off < 64*mib; off += 4 * mib {
-		fillAt(t, img, off, 4*mib)
+	v, img := harness.CreateVolume(t, conn, "", "stall", 64*harness.MiB, harness.ImageFeatures)
+	for off := uint64(0); off < 64*harness.MiB; off += 4 * harness.MiB {
+		harness.FillAt(t, img, off, 4*harness.MiB)
 	}
-	snapshot(t, img, "s1")
-	addr := freeTCPAddr(t)
-	srv := startServer(t, "--metrics-address="+addr, fmt.Sprintf("--max-streams=%d", streams),
+	harness.Snapshot(t, img, "s1")
+	addr := harness.FreeTCPAddr(t)
+	srv := harness.StartServer(t, "--metrics-address="+addr, fmt.Sprintf("--max-streams=%d", streams),
 		"--stall-timeout="+stall.String(), "--block-metadata-type", "FIXED_LENGTH", "--fixed-block-size", "1024", "--precision=exact")
-	req := metaReq{target: v.id("s1"), max: 1024, secrets: csiSecrets(t)}
-	want := srv.get(t, req).tuples()
+	req := harness.MetaReq{Target: v.ID("s1"), Max: 1024, Secrets: harness.CSISecrets(t)}
+	want := srv.Get(t, req).Tuples()
 	if len(want) != 65536 {
 		t.Fatalf("%d tuples, want 65536", len(want))
 	}
 	g0, rss0 := settled(t, srv, addr, 1e9)
-	th0, heap0 := threads(t, srv.pid()), heapInuse(t, addr)
-	t.Logf("baseline: %.0f goroutines, %d threads, RSS %s, Go heap in use %s", g0, th0, fmtKiB(rss0), fmtKiB(heap0))
+	th0, heap0 := threads(t, srv.PID()), heapInuse(t, addr)
+	t.Logf("baseline: %.0f goroutines, %d threads, RSS %s, Go heap in use %s", g0, th0, harness.FmtKiB(rss0), harness.FmtKiB(heap0))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 
 	round := func(t *testing.T) stallRound {
 		// The stalled client: its own connection, with gRPC's fixed
 		// 64 KiB windows (no BDP growth), that never reads.
-		stalled, err := grpc.NewClient("unix://"+srv.sock, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		stalled, err := grpc.NewClient("unix://"+srv.Sock, grpc.WithTransportCredentials(insecure.NewCredentials()),
 			grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
 		if err != nil {
 			t.Fatal(err)
@@ -120,7 +122,7 @@ func TestReliabilityLimits(t *testing.T) {
 		held := make([]csi.SnapshotMetadata_GetMetadataAllocatedClient, streams)
 		for i := range held {
 			if held[i], err = sm.GetMetadataAllocated(ctx, &csi.GetMetadataAllocatedRequest{
-				SnapshotId: req.target, MaxResults: req.max, Secrets: req.secrets}); err != nil {
+				SnapshotId: req.Target, MaxResults: req.Max, Secrets: req.Secrets}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -131,14 +133,14 @@ func TestReliabilityLimits(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 		r.full = time.Since(t0)
-		r.heldThreads = threads(t, srv.pid())
+		r.heldThreads = threads(t, srv.PID())
 
 		// The limit holds: one more is refused at once, and does no work.
 		began := time.Now()
-		m := srv.call(ctx, req)
+		m := srv.Call(ctx, req)
 		r.refused = time.Since(began)
-		if status.Code(m.err) != codes.Aborted || !strings.Contains(m.err.Error(), "--max-streams") || len(m.pages) != 0 {
-			t.Errorf("stream %d: %d pages, %v; want ABORTED naming --max-streams", streams+1, len(m.pages), m.err)
+		if status.Code(m.Err) != codes.Aborted || !strings.Contains(m.Err.Error(), "--max-streams") || len(m.Pages) != 0 {
+			t.Errorf("stream %d: %d pages, %v; want ABORTED naming --max-streams", streams+1, len(m.Pages), m.Err)
 		}
 		if r.refused > time.Second {
 			t.Errorf("the refusal took %v", r.refused)
@@ -173,19 +175,19 @@ func TestReliabilityLimits(t *testing.T) {
 		}
 		stalled.Close()
 		r.goroutines, r.rss = settled(t, srv, addr, g0)
-		r.threads, r.heap = threads(t, srv.pid()), heapInuse(t, addr)
+		r.threads, r.heap = threads(t, srv.PID()), heapInuse(t, addr)
 		t.Logf("%d never-reading streams: all in flight after %v, %d threads; stream %d refused with ABORTED in %v; "+
 			"all released %v after they opened (--stall-timeout=%v); after: %.0f goroutines, %d threads, RSS %s, Go heap in use %s",
 			streams, r.full.Round(time.Millisecond), r.heldThreads, streams+1, r.refused.Round(time.Microsecond),
-			r.released.Round(time.Millisecond), stall, r.goroutines, r.threads, fmtKiB(r.rss), fmtKiB(r.heap))
+			r.released.Round(time.Millisecond), stall, r.goroutines, r.threads, harness.FmtKiB(r.rss), harness.FmtKiB(r.heap))
 		if r.goroutines > g0+5 {
 			t.Errorf("%.0f goroutines after, %.0f before", r.goroutines, g0)
 		}
 		if r.heap > heap0+32<<10 {
-			t.Errorf("Go heap in use %s after, %s before", fmtKiB(r.heap), fmtKiB(heap0))
+			t.Errorf("Go heap in use %s after, %s before", harness.FmtKiB(r.heap), harness.FmtKiB(heap0))
 		}
-		if m := srv.call(ctx, req); m.err != nil || diffSpans(want, m.tuples()) != "" {
-			t.Errorf("after the stalled streams: %v", m.err)
+		if m := srv.Call(ctx, req); m.Err != nil || harness.DiffSpans(want, m.Tuples()) != "" {
+			t.Errorf("after the stalled streams: %v", m.Err)
 		}
 		return r
 	}
@@ -198,11 +200,11 @@ func TestReliabilityLimits(t *testing.T) {
 		t.Errorf("threads grow round after round: %d, then %d", r1.threads, r2.threads)
 	}
 	if r2.rss > r1.rss+16<<10 || r2.rss > rss0+64<<10 {
-		t.Errorf("RSS grows: %s before, %s after round 1, %s after round 2", fmtKiB(rss0), fmtKiB(r1.rss), fmtKiB(r2.rss))
+		t.Errorf("RSS grows: %s before, %s after round 1, %s after round 2", harness.FmtKiB(rss0), harness.FmtKiB(r1.rss), harness.FmtKiB(r2.rss))
 	}
 	for began := time.Now(); ; time.Sleep(time.Second) {
-		if r := procStatus(t, srv.pid())["VmRSS"]; r <= rss0+16<<10 || time.Since(began) > 20*time.Second {
-			t.Logf("RSS %s %v after the second round (baseline %s)", fmtKiB(r), time.Since(began).Round(time.Second), fmtKiB(rss0))
+		if r := harness.ProcStatus(t, srv.PID())["VmRSS"]; r <= rss0+16<<10 || time.Since(began) > 20*time.Second {
+			t.Logf("RSS %s %v after the second round (baseline %s)", harness.FmtKiB(r), time.Since(began).Round(time.Second), harness.FmtKiB(rss0))
 			break
 		}
 	}
@@ -211,7 +213,7 @@ func TestReliabilityLimits(t *testing.T) {
 		// Distinct wrong keys: each its own connect attempt, at most a
 		// few at once.
 		const burst = 40
-		th0 := threads(t, srv.pid())
+		th0 := threads(t, srv.PID())
 		var (
 			wg      sync.WaitGroup
 			mu      sync.Mutex
@@ -226,27 +228,27 @@ func TestReliabilityLimits(t *testing.T) {
 					return
 				case <-time.After(5 * time.Millisecond):
 				}
-				if n := threads(t, srv.pid()); n > peak {
+				if n := threads(t, srv.PID()); n > peak {
 					mu.Lock()
 					peak = n
 					mu.Unlock()
 				}
 			}
 		}()
-		b, _ := base64.StdEncoding.DecodeString(clusterEnv(t, "CEPH_CSI_KEY"))
+		b, _ := base64.StdEncoding.DecodeString(harness.ClusterEnv(t, "CEPH_CSI_KEY"))
 		began := time.Now()
 		for i := range burst {
 			k := append([]byte(nil), b...)
 			k[len(k)-1] ^= byte(i + 1)
 			k[len(k)-2] ^= 0x5a
-			r := metaReq{target: req.target, max: 1, secrets: map[string]string{
-				"userID": clusterEnv(t, "CEPH_CSI_USER"), "userKey": base64.StdEncoding.EncodeToString(k)}}
+			r := harness.MetaReq{Target: req.Target, Max: 1, Secrets: map[string]string{
+				"userID": harness.ClusterEnv(t, "CEPH_CSI_USER"), "userKey": base64.StdEncoding.EncodeToString(k)}}
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				m := srv.call(ctx, r)
+				m := srv.Call(ctx, r)
 				mu.Lock()
-				answers[status.Code(m.err)]++
+				answers[status.Code(m.Err)]++
 				mu.Unlock()
 			}()
 		}
@@ -254,7 +256,7 @@ func TestReliabilityLimits(t *testing.T) {
 		took := time.Since(began)
 		close(done)
 		time.Sleep(500 * time.Millisecond)
-		th := threads(t, srv.pid())
+		th := threads(t, srv.PID())
 		mu.Lock()
 		defer mu.Unlock()
 		t.Logf("%d requests with distinct wrong keys: %v in %v; threads %d before, peak %d, %d after",
@@ -269,8 +271,8 @@ func TestReliabilityLimits(t *testing.T) {
 		if th > th0+10 {
 			t.Errorf("%d threads after the burst, %d before: failed connects left their threads", th, th0)
 		}
-		if m := srv.call(ctx, req); m.err != nil {
-			t.Errorf("after the burst: %v", m.err)
+		if m := srv.Call(ctx, req); m.Err != nil {
+			t.Errorf("after the burst: %v", m.Err)
 		}
 	})
 }

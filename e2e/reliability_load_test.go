@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/harness"
 )
 
 // relLoadStreams is the number of concurrent streams of the load test.
@@ -40,9 +42,9 @@ type loadRound struct {
 
 // runLoad runs relLoadStreams workers against srv for d, each calling the
 // requests in turn and comparing every answer with want.
-func runLoad(t *testing.T, srv *rsmServer, reqs []metaReq, want [][]span, d time.Duration) loadRound {
+func runLoad(t *testing.T, srv *harness.Server, reqs []harness.MetaReq, want [][]harness.Span, d time.Duration) loadRound {
 	t.Helper()
-	mem := sampleMemory(t, srv.pid())
+	mem := harness.SampleMemory(t, srv.PID())
 	var (
 		r        loadRound
 		wg       sync.WaitGroup
@@ -62,16 +64,16 @@ func runLoad(t *testing.T, srv *rsmServer, reqs []metaReq, want [][]span, d time
 			defer wg.Done()
 			for i := w; time.Now().Before(deadline); i++ {
 				k := i % len(reqs)
-				m := srv.call(ctx, reqs[k])
+				m := srv.Call(ctx, reqs[k])
 				streams.Add(1)
-				got := m.tuples()
+				got := m.Tuples()
 				tuples.Add(int64(len(got)))
-				if m.err != nil {
+				if m.Err != nil {
 					errs.Add(1)
-					firstErr.Do(func() { r.firstErr = fmt.Sprintf("%v: %v", reqs[k], m.err) })
+					firstErr.Do(func() { r.firstErr = fmt.Sprintf("%v: %v", reqs[k], m.Err) })
 					continue
 				}
-				if diff := diffSpans(want[k], got); diff != "" {
+				if diff := harness.DiffSpans(want[k], got); diff != "" {
 					mism.Add(1)
 					firstErr.Do(func() { r.firstErr = fmt.Sprintf("%v: %s", reqs[k], diff) })
 				}
@@ -80,7 +82,7 @@ func runLoad(t *testing.T, srv *rsmServer, reqs []metaReq, want [][]span, d time
 	}
 	wg.Wait()
 	r.elapsed = time.Since(t0)
-	peak, hwm := mem.finish(t)
+	peak, hwm := mem.Finish(t)
 	r.peakRSS = max(peak, hwm)
 	r.streams, r.errors, r.mismatches, r.tuples = streams.Load(), errs.Load(), mism.Load(), tuples.Load()
 	return r
@@ -88,22 +90,22 @@ func runLoad(t *testing.T, srv *rsmServer, reqs []metaReq, want [][]span, d time
 
 // settled waits until the server has no stream in flight and its
 // goroutines stop falling, and returns them and its RSS (KiB).
-func settled(t *testing.T, srv *rsmServer, addr string, want float64) (goroutines float64, rss int64) {
+func settled(t *testing.T, srv *harness.Server, addr string, want float64) (goroutines float64, rss int64) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		body := scrape(t, addr)
+		body := harness.Scrape(t, addr)
 		inflight := 0.0
 		for _, m := range []string{"GetMetadataAllocated", "GetMetadataDelta"} {
-			v, _ := metricValue(body, `rbd_snapshot_metadata_streams_in_flight{method="`+m+`"}`)
+			v, _ := harness.MetricValue(body, `rbd_snapshot_metadata_streams_in_flight{method="`+m+`"}`)
 			inflight += v
 		}
-		g, ok := metricValue(body, "go_goroutines")
+		g, ok := harness.MetricValue(body, "go_goroutines")
 		if !ok {
 			t.Fatalf("/metrics has no go_goroutines")
 		}
 		if (inflight == 0 && g <= want) || time.Now().After(deadline) {
-			return g, procStatus(t, srv.pid())["VmRSS"]
+			return g, harness.ProcStatus(t, srv.PID())["VmRSS"]
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -116,7 +118,7 @@ func settled(t *testing.T, srv *rsmServer, addr string, want float64) (goroutine
 // single stream; afterwards the server's goroutines must be back where
 // they were and its RSS must not grow from one round to the next.
 func TestReliabilityLoad(t *testing.T) {
-	v, _ := manyWrites(t, 2048)
+	v, _ := harness.ManyWrites(t, 2048)
 	round := relLoadDuration(t, 8*time.Second)
 	for _, bt := range []struct {
 		name   string
@@ -127,24 +129,24 @@ func TestReliabilityLoad(t *testing.T) {
 		{"FIXED_LENGTH", []string{"--block-metadata-type", "FIXED_LENGTH", "--fixed-block-size", "65536"}, 1},
 	} {
 		t.Run(bt.name, func(t *testing.T) {
-			addr := freeTCPAddr(t)
+			addr := harness.FreeTCPAddr(t)
 			// As many streams as the load runs: the default --max-streams is lower.
-			srv := startServer(t, append([]string{"--metrics-address=" + addr, fmt.Sprintf("--max-streams=%d", relLoadStreams)}, bt.flags...)...)
-			reqs := []metaReq{
-				{target: v.id("s2")},
-				{base: v.id("s1"), target: v.id("s2")},
-				{target: v.id("s2"), max: 100},
-				{base: v.id("s1"), target: v.id("s2"), max: 7},
-				{base: v.id("s1"), target: v.id("s2"), start: 3*int64(objSize) + 12345, max: 1000},
-				{target: v.id("s2"), start: 5 * int64(objSize), max: 1},
+			srv := harness.StartServer(t, append([]string{"--metrics-address=" + addr, fmt.Sprintf("--max-streams=%d", relLoadStreams)}, bt.flags...)...)
+			reqs := []harness.MetaReq{
+				{Target: v.ID("s2")},
+				{Base: v.ID("s1"), Target: v.ID("s2")},
+				{Target: v.ID("s2"), Max: 100},
+				{Base: v.ID("s1"), Target: v.ID("s2"), Max: 7},
+				{Base: v.ID("s1"), Target: v.ID("s2"), Start: 3*int64(harness.ObjSize) + 12345, Max: 1000},
+				{Target: v.ID("s2"), Start: 5 * int64(harness.ObjSize), Max: 1},
 			}
-			want := make([][]span, len(reqs))
+			want := make([][]harness.Span, len(reqs))
 			for i := range reqs {
-				reqs[i].secrets = csiSecrets(t)
-				want[i] = srv.get(t, reqs[i]).tuples()
+				reqs[i].Secrets = harness.CSISecrets(t)
+				want[i] = srv.Get(t, reqs[i]).Tuples()
 			}
 			g0, rss0 := settled(t, srv, addr, 1e9)
-			t.Logf("before: %.0f goroutines, RSS %s", g0, fmtKiB(rss0))
+			t.Logf("before: %.0f goroutines, RSS %s", g0, harness.FmtKiB(rss0))
 			var rss []int64
 			for i := 0; i < bt.rounds; i++ {
 				r := runLoad(t, srv, reqs, want, round)
@@ -154,7 +156,7 @@ func TestReliabilityLoad(t *testing.T) {
 					"server RSS %s before, peak %s, after %s; goroutines %.0f before, %.0f after",
 					i+1, r.streams, relLoadStreams, r.elapsed.Round(time.Millisecond), r.errors, r.mismatches, r.tuples,
 					float64(r.tuples)/r.elapsed.Seconds(), float64(r.streams)/r.elapsed.Seconds(),
-					fmtKiB(rss0), fmtKiB(r.peakRSS), fmtKiB(after), g0, g)
+					harness.FmtKiB(rss0), harness.FmtKiB(r.peakRSS), harness.FmtKiB(after), g0, g)
 				if r.errors > 0 || r.mismatches > 0 {
 					t.Errorf("round %d: %d errors and %d wrong answers in %d streams; first: %s", i+1, r.errors, r.mismatches, r.streams, r.firstErr)
 				}
@@ -171,12 +173,12 @@ func TestReliabilityLoad(t *testing.T) {
 			// while, so the first round may grow it; later rounds must not.
 			const slackKiB = 256 << 10
 			if last := rss[len(rss)-1]; last > rss0+slackKiB {
-				t.Errorf("RSS %s after the load, %s before", fmtKiB(last), fmtKiB(rss0))
+				t.Errorf("RSS %s after the load, %s before", harness.FmtKiB(last), harness.FmtKiB(rss0))
 			}
 			if len(rss) > 1 && rss[len(rss)-1] > rss[0]+64<<10 {
-				t.Errorf("RSS grows round after round: %s after the first, %s after the last", fmtKiB(rss[0]), fmtKiB(rss[len(rss)-1]))
+				t.Errorf("RSS grows round after round: %s after the first, %s after the last", harness.FmtKiB(rss[0]), harness.FmtKiB(rss[len(rss)-1]))
 			}
-			if c, _ := metricValue(scrape(t, addr), "rbd_snapshot_metadata_cached_connections"); c != 1 {
+			if c, _ := harness.MetricValue(harness.Scrape(t, addr), "rbd_snapshot_metadata_cached_connections"); c != 1 {
 				t.Errorf("%v cached connections, want 1: all streams use the same user and key", c)
 			}
 		})

@@ -26,6 +26,8 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/harness"
 )
 
 // The outage: the OSD stopped (SIGSTOP) for relOutage, four times the op
@@ -57,13 +59,13 @@ func osdOutage(t *testing.T, resume func()) {
 // resumeStream is one stream of TestReliabilityResume.
 type resumeStream struct {
 	name   string
-	srv    *rsmServer
-	q      metaReq
-	want   []span
+	srv    *harness.Server
+	q      harness.MetaReq
+	want   []harness.Span
 	giveUp bool // its server's budget is shorter than the outage
 
-	recv  func() (metaResponse, error)
-	got   []span
+	recv  func() (harness.MetaResponse, error)
+	got   []harness.Span
 	err   error
 	ended time.Time
 }
@@ -77,7 +79,7 @@ func (s *resumeStream) readToEnd() {
 			s.err, s.ended = err, time.Now()
 			return
 		}
-		s.got = append(s.got, toPage(resp).tuples...)
+		s.got = append(s.got, harness.ToPage(resp).Tuples...)
 	}
 }
 
@@ -88,37 +90,37 @@ func (s *resumeStream) readToEnd() {
 // the outage must end its stream UNAVAILABLE within its budget plus one op
 // timeout and one backoff; every server answers at once after the outage.
 func TestReliabilityResume(t *testing.T) {
-	if !serverHasPrecision(t, "precise") {
+	if !harness.ServerHasPrecision(t, "precise") {
 		t.Skip("the server binary has no --precision=precise")
 	}
-	v, _ := manyWrites(t, 16384)
+	v, _ := harness.ManyWrites(t, 16384)
 	base := []string{"--ceph-op-timeout=" + relOpTimeout.String(), "--fixed-block-size", "4096"}
 	var streams []*resumeStream
-	metrics := map[*rsmServer]string{}
-	add := func(name string, srv *rsmServer, giveUp bool) {
-		qs := []metaReq{{target: v.id("s2"), max: 2}, {base: v.id("s1"), target: v.id("s2"), max: 1}}
+	metrics := map[*harness.Server]string{}
+	add := func(name string, srv *harness.Server, giveUp bool) {
+		qs := []harness.MetaReq{{Target: v.ID("s2"), Max: 2}, {Base: v.ID("s1"), Target: v.ID("s2"), Max: 1}}
 		if giveUp {
 			qs = qs[1:]
 		}
 		for _, q := range qs {
-			want := srv.get(t, q).tuples()
-			q.secrets = csiSecrets(t)
+			want := srv.Get(t, q).Tuples()
+			q.Secrets = harness.CSISecrets(t)
 			streams = append(streams, &resumeStream{name: name + "/" + q.String(), srv: srv, q: q, want: want, giveUp: giveUp})
 		}
 	}
 	for _, mode := range []string{"exact", "precise"} {
 		for _, typ := range []string{"VARIABLE_LENGTH", "FIXED_LENGTH"} {
-			addr := freeTCPAddr(t)
-			srv := startServer(t, append(base, "--precision="+mode, "--block-metadata-type", typ, "--metrics-address="+addr)...)
+			addr := harness.FreeTCPAddr(t)
+			srv := harness.StartServer(t, append(base, "--precision="+mode, "--block-metadata-type", typ, "--metrics-address="+addr)...)
 			metrics[srv] = addr
 			add(mode+"/"+typ, srv, false)
 		}
 	}
-	short := startServer(t, append(base, "--precision=exact", "--resume-budget="+relShortBudget.String())...)
+	short := harness.StartServer(t, append(base, "--precision=exact", "--resume-budget="+relShortBudget.String())...)
 	add("budget", short, true)
 	// A stream cancelled while its server backs off or re-opens.
-	cancelled := startServer(t, append(base, "--precision=exact")...)
-	cq := metaReq{base: v.id("s1"), target: v.id("s2"), max: 1, secrets: csiSecrets(t)}
+	cancelled := harness.StartServer(t, append(base, "--precision=exact")...)
+	cq := harness.MetaReq{Base: v.ID("s1"), Target: v.ID("s2"), Max: 1, Secrets: harness.CSISecrets(t)}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute) // a hang guard
 	defer cancel()
@@ -127,20 +129,20 @@ func TestReliabilityResume(t *testing.T) {
 		// pages: the diff waits in the middle of the image, with Ceph
 		// work left, when the fault comes (see relOSDFault).
 		var err error
-		if s.recv, err = slowReader(t, s.srv.sock).open(ctx, s.q); err != nil {
+		if s.recv, err = harness.SlowReader(t, s.srv.Sock).Open(ctx, s.q); err != nil {
 			t.Fatal(err)
 		}
 		resp, err := s.recv()
 		if err != nil {
 			t.Fatalf("%s: first page: %v", s.name, err)
 		}
-		s.got = toPage(resp).tuples
+		s.got = harness.ToPage(resp).Tuples
 	}
 	cctx, ccancel := context.WithCancel(ctx)
 	defer ccancel()
-	slow := slowReader(t, cancelled.sock)
+	slow := harness.SlowReader(t, cancelled.Sock)
 	copened := time.Now()
-	crecv, err := slow.open(cctx, cq)
+	crecv, err := slow.Open(cctx, cq)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +150,7 @@ func TestReliabilityResume(t *testing.T) {
 		t.Fatalf("the stream to cancel: first page: %v", err)
 	}
 	time.Sleep(500 * time.Millisecond)
-	resume := pauseDaemon(t, "osd.0")
+	resume := harness.PauseDaemon(t, "osd.0")
 	t0 := time.Now()
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -187,7 +189,7 @@ func TestReliabilityResume(t *testing.T) {
 			if took > bound {
 				t.Errorf("%s: gave up %v after the fault, want within %v", s.name, took, bound)
 			}
-			if d := diffSpans(s.want[:min(len(s.got), len(s.want))], s.got); d != "" {
+			if d := harness.DiffSpans(s.want[:min(len(s.got), len(s.want))], s.got); d != "" {
 				t.Errorf("%s: not a prefix: %s", s.name, d)
 			}
 			continue
@@ -199,11 +201,11 @@ func TestReliabilityResume(t *testing.T) {
 		if !errors.Is(s.err, io.EOF) {
 			t.Errorf("%s: %v after %d of %d tuples; want OK", s.name, s.err, len(s.got), len(s.want))
 		}
-		if d := diffSpans(s.want, s.got); d != "" {
+		if d := harness.DiffSpans(s.want, s.got); d != "" {
 			t.Errorf("%s: the resumed stream differs from an uninterrupted one: %s", s.name, d)
 		}
 	}
-	waitClusterIO(t)
+	harness.WaitClusterIO(t)
 	checkCancelled(t, cancelled, copened, tc)
 	checkResumedServers(t, streams, metrics)
 }
@@ -212,8 +214,8 @@ func TestReliabilityResume(t *testing.T) {
 // cancelled at tc during an outage ended CANCELLED at once: during a
 // backoff, or after the re-open in flight in librbd, within the op
 // timeout.
-func checkCancelled(t *testing.T, srv *rsmServer, opened, tc time.Time) {
-	for _, l := range strings.Split(srv.log(), "\n") {
+func checkCancelled(t *testing.T, srv *harness.Server, opened, tc time.Time) {
+	for _, l := range strings.Split(srv.Log(), "\n") {
 		if !strings.Contains(l, `"Stream finished"`) || !strings.Contains(l, `code="Canceled"`) {
 			continue
 		}
@@ -230,13 +232,13 @@ func checkCancelled(t *testing.T, srv *rsmServer, opened, tc time.Time) {
 		}
 		return
 	}
-	t.Errorf("no stream ended CANCELLED:\n%s", tail(srv.log(), 10))
+	t.Errorf("no stream ended CANCELLED:\n%s", harness.Tail(srv.Log(), 10))
 }
 
 // checkResumedServers checks, after the outage, that each server answers at
 // once, logged its resumes, and counted them in its metrics.
-func checkResumedServers(t *testing.T, streams []*resumeStream, metrics map[*rsmServer]string) {
-	seen := map[*rsmServer]bool{}
+func checkResumedServers(t *testing.T, streams []*resumeStream, metrics map[*harness.Server]string) {
+	seen := map[*harness.Server]bool{}
 	for _, s := range streams {
 		if seen[s.srv] {
 			continue
@@ -244,12 +246,12 @@ func checkResumedServers(t *testing.T, streams []*resumeStream, metrics map[*rsm
 		seen[s.srv] = true
 		t1 := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		m := s.srv.call(ctx, s.q)
+		m := s.srv.Call(ctx, s.q)
 		cancel()
-		if m.err != nil || diffSpans(s.want, m.tuples()) != "" {
-			t.Errorf("%s after the outage: %d tuples, %v", s.name, len(m.tuples()), m.err)
+		if m.Err != nil || harness.DiffSpans(s.want, m.Tuples()) != "" {
+			t.Errorf("%s after the outage: %d tuples, %v", s.name, len(m.Tuples()), m.Err)
 		}
-		log := s.srv.log()
+		log := s.srv.Log()
 		resumed := strings.Count(log, `"Resumed stream"`)
 		t.Logf("%s: the server answers %v after the outage; %d resumes logged", s.name, time.Since(t1).Round(time.Millisecond), resumed)
 		for _, l := range strings.Split(log, "\n") {
@@ -264,7 +266,7 @@ func checkResumedServers(t *testing.T, streams []*resumeStream, metrics map[*rsm
 		if resumed == 0 {
 			t.Errorf("%s: no resume logged", s.name)
 		}
-		body := scrape(t, addr)
+		body := harness.Scrape(t, addr)
 		var n float64
 		for _, l := range strings.Split(body, "\n") {
 			if strings.HasPrefix(l, "rbd_snapshot_metadata_stream_resumes_total{") {
@@ -294,35 +296,35 @@ func TestReliabilityMonitorLeader(t *testing.T) {
 		l.Close()
 		return true
 	}
-	var c *extraCluster
+	var c *harness.ExtraCluster
 	for b := 18000; b < 18500 && c == nil; b += 100 {
 		if free(b) && free(b+1) && free(b+2) && free(b+3) && free(b+4) && free(b+5) && free(b+10) {
-			c = startExtraCluster(t, "127.0.0.1", b, b, b+1, "RSM_CEPH_MONS=3")
+			c = harness.StartExtraCluster(t, "127.0.0.1", b, b, b+1, "RSM_CEPH_MONS=3")
 		}
 	}
 	if c == nil {
 		t.Fatal("no free port block on 127.0.0.1 among 18000..18400")
 	}
-	conn := connectTo(t, c.env["CEPH_MON_HOST"], c.env["CEPH_USER"], c.env["CEPH_KEY"])
+	conn := harness.ConnectTo(t, c.Env["CEPH_MON_HOST"], c.Env["CEPH_USER"], c.Env["CEPH_KEY"])
 	// 4096 writes of 512 bytes, 16 KiB apart: a Delta of 4096 tuples, in
 	// pages of one tuple more than a 64 KiB window holds.
-	v, img := createVolume(t, conn, "", "monlead", 64*mib, imageFeatures)
-	snapshot(t, img, "s1")
+	v, img := harness.CreateVolume(t, conn, "", "monlead", 64*harness.MiB, harness.ImageFeatures)
+	harness.Snapshot(t, img, "s1")
 	for i := uint64(0); i < 4096; i++ {
-		fillAt(t, img, i*16<<10, 512)
+		harness.FillAt(t, img, i*16<<10, 512)
 	}
-	snapshot(t, img, "s2")
-	srv := startServer(t, "--clusterconfig", filepath.Join(c.dir, "csi-config.json"), "--ceph-op-timeout="+relOpTimeout.String())
-	secrets := map[string]string{"userID": c.env["CEPH_CSI_USER"], "userKey": c.env["CEPH_CSI_KEY"]}
-	q := metaReq{base: v.id("s1"), target: v.id("s2"), max: 1, secrets: secrets}
+	harness.Snapshot(t, img, "s2")
+	srv := harness.StartServer(t, "--clusterconfig", filepath.Join(c.Dir, "csi-config.json"), "--ceph-op-timeout="+relOpTimeout.String())
+	secrets := map[string]string{"userID": c.Env["CEPH_CSI_USER"], "userKey": c.Env["CEPH_CSI_KEY"]}
+	q := harness.MetaReq{Base: v.ID("s1"), Target: v.ID("s2"), Max: 1, Secrets: secrets}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	want := srv.call(ctx, q)
-	if want.err != nil || len(want.tuples()) != 4096 {
-		t.Fatalf("before the fault: %d tuples, %v", len(want.tuples()), want.err)
+	want := srv.Call(ctx, q)
+	if want.Err != nil || len(want.Tuples()) != 4096 {
+		t.Fatalf("before the fault: %d tuples, %v", len(want.Tuples()), want.Err)
 	}
 
-	recv, err := slowReader(t, srv.sock).open(ctx, q)
+	recv, err := harness.SlowReader(t, srv.Sock).Open(ctx, q)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -330,9 +332,9 @@ func TestReliabilityMonitorLeader(t *testing.T) {
 	if err != nil {
 		t.Fatalf("first page: %v", err)
 	}
-	got := toPage(resp).tuples
+	got := harness.ToPage(resp).Tuples
 	time.Sleep(500 * time.Millisecond)
-	out, err := exec.CommandContext(ctx, "ceph", "--conf", c.env["CEPH_CONF"], "--connect-timeout", "20", "quorum_status").Output()
+	out, err := exec.CommandContext(ctx, "ceph", "--conf", c.Env["CEPH_CONF"], "--connect-timeout", "20", "quorum_status").Output()
 	if err != nil {
 		t.Fatalf("ceph quorum_status: %v", err)
 	}
@@ -342,7 +344,7 @@ func TestReliabilityMonitorLeader(t *testing.T) {
 	if err := json.Unmarshal(out, &qs); err != nil || qs.Leader == "" {
 		t.Fatalf("quorum_status: %v\n%s", err, out)
 	}
-	b, err := os.ReadFile(filepath.Join(c.dir, "run", "ceph-mon."+qs.Leader+".pid"))
+	b, err := os.ReadFile(filepath.Join(c.Dir, "run", "ceph-mon."+qs.Leader+".pid"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -357,24 +359,24 @@ func TestReliabilityMonitorLeader(t *testing.T) {
 		if err != nil {
 			break
 		}
-		got = append(got, toPage(resp).tuples...)
+		got = append(got, harness.ToPage(resp).Tuples...)
 	}
 	t.Logf("the stream ended %v after the kill: %d tuples, %v", time.Since(t0).Round(time.Millisecond), len(got), err)
 	if !errors.Is(err, io.EOF) {
 		t.Errorf("the stream ended with %v, want OK", err)
 	}
-	if d := diffSpans(want.tuples(), got); d != "" {
+	if d := harness.DiffSpans(want.Tuples(), got); d != "" {
 		t.Errorf("the stream differs from an uninterrupted one: %s", d)
 	}
 	// A new connection (another user) needs a monitor session now.
 	t1 := time.Now()
 	admin := q
-	admin.secrets = map[string]string{"userID": c.env["CEPH_USER"], "userKey": c.env["CEPH_KEY"]}
-	m := srv.call(ctx, admin)
+	admin.Secrets = map[string]string{"userID": c.Env["CEPH_USER"], "userKey": c.Env["CEPH_KEY"]}
+	m := srv.Call(ctx, admin)
 	t.Logf("a request on a new connection after the kill: %d tuples, %v, in %v; %d resumes logged",
-		len(m.tuples()), m.err, time.Since(t1).Round(time.Millisecond), strings.Count(srv.log(), `"Resumed stream"`))
-	if m.err != nil || diffSpans(want.tuples(), m.tuples()) != "" {
-		t.Errorf("after the leader's kill: %v", m.err)
+		len(m.Tuples()), m.Err, time.Since(t1).Round(time.Millisecond), strings.Count(srv.Log(), `"Resumed stream"`))
+	if m.Err != nil || harness.DiffSpans(want.Tuples(), m.Tuples()) != "" {
+		t.Errorf("after the leader's kill: %v", m.Err)
 	}
 }
 
@@ -383,32 +385,32 @@ func TestReliabilityMonitorLeader(t *testing.T) {
 // cluster.sh starts it): both streams end OK with the tuples of an
 // uninterrupted stream.
 func TestReliabilityResumeOSDKilled(t *testing.T) {
-	if !serverHasPrecision(t, "precise") {
+	if !harness.ServerHasPrecision(t, "precise") {
 		t.Skip("the server binary has no --precision=precise")
 	}
-	v, _ := manyWrites(t, 16384)
+	v, _ := harness.ManyWrites(t, 16384)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute) // a hang guard
 	defer cancel()
 	var streams []*resumeStream
 	for _, mode := range []string{"exact", "precise"} {
-		srv := startServer(t, "--ceph-op-timeout="+relOpTimeout.String(), "--precision="+mode)
-		q := metaReq{base: v.id("s1"), target: v.id("s2"), max: 1}
-		s := &resumeStream{name: mode + "/" + q.String(), srv: srv, want: srv.get(t, q).tuples()}
-		q.secrets = csiSecrets(t)
+		srv := harness.StartServer(t, "--ceph-op-timeout="+relOpTimeout.String(), "--precision="+mode)
+		q := harness.MetaReq{Base: v.ID("s1"), Target: v.ID("s2"), Max: 1}
+		s := &resumeStream{name: mode + "/" + q.String(), srv: srv, want: srv.Get(t, q).Tuples()}
+		q.Secrets = harness.CSISecrets(t)
 		s.q = q
 		var err error
-		if s.recv, err = slowReader(t, srv.sock).open(ctx, q); err != nil {
+		if s.recv, err = harness.SlowReader(t, srv.Sock).Open(ctx, q); err != nil {
 			t.Fatal(err)
 		}
 		resp, err := s.recv()
 		if err != nil {
 			t.Fatalf("%s: first page: %v", s.name, err)
 		}
-		s.got = toPage(resp).tuples
+		s.got = harness.ToPage(resp).Tuples
 		streams = append(streams, s)
 	}
 	time.Sleep(500 * time.Millisecond)
-	restart := killOSD(t)
+	restart := harness.KillOSD(t)
 	t0 := time.Now()
 	var wg sync.WaitGroup
 	for _, s := range streams {
@@ -426,17 +428,17 @@ func TestReliabilityResumeOSDKilled(t *testing.T) {
 	for _, s := range streams {
 		t.Logf("%s: %d tuples, %v, ended %v after the kill (%v after the OSD served again); %d resumes logged",
 			s.name, len(s.got), s.err, s.ended.Sub(t0).Round(time.Millisecond), s.ended.Sub(back).Round(time.Millisecond),
-			strings.Count(s.srv.log(), `"Resumed stream"`))
+			strings.Count(s.srv.Log(), `"Resumed stream"`))
 		if !errors.Is(s.err, io.EOF) {
 			t.Errorf("%s: %v after %d of %d tuples; want OK", s.name, s.err, len(s.got), len(s.want))
 		}
-		if d := diffSpans(s.want, s.got); d != "" {
+		if d := harness.DiffSpans(s.want, s.got); d != "" {
 			t.Errorf("%s: the resumed stream differs from an uninterrupted one: %s", s.name, d)
 		}
 		t1 := time.Now()
-		m := s.srv.call(ctx, s.q)
-		if m.err != nil || diffSpans(s.want, m.tuples()) != "" {
-			t.Errorf("%s after the outage: %d tuples, %v", s.name, len(m.tuples()), m.err)
+		m := s.srv.Call(ctx, s.q)
+		if m.Err != nil || harness.DiffSpans(s.want, m.Tuples()) != "" {
+			t.Errorf("%s after the outage: %d tuples, %v", s.name, len(m.Tuples()), m.Err)
 		}
 		t.Logf("%s: the server answers %v after the outage", s.name, time.Since(t1).Round(time.Millisecond))
 	}

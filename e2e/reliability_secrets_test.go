@@ -16,13 +16,15 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/harness"
 )
 
 // relConfig writes a copy of the cluster's csi-config.json with more
 // cluster IDs (id → monitors) and returns its path.
 func relConfig(t testing.TB, extra map[string][]string) string {
 	t.Helper()
-	raw, err := os.ReadFile(filepath.Join(clusterEnv(t, "RSM_CLUSTER_DIR"), "csi-config.json"))
+	raw, err := os.ReadFile(filepath.Join(harness.ClusterEnv(t, "RSM_CLUSTER_DIR"), "csi-config.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,66 +48,66 @@ func relConfig(t testing.TB, extra map[string][]string) string {
 // and looks for the keys in the log, in every status message and in
 // /metrics: the right key, and wrong keys that look like keys.
 func TestReliabilitySecrets(t *testing.T) {
-	conn := connectAdmin(t)
-	v, img := createVolume(t, conn, "", "rel-secrets", 16*mib, imageFeatures)
+	conn := harness.ConnectAdmin(t)
+	v, img := harness.CreateVolume(t, conn, "", "rel-secrets", 16*harness.MiB, harness.ImageFeatures)
 	for i := uint64(0); i < 8; i++ {
-		fillAt(t, img, i*mib, 4*kib)
+		harness.FillAt(t, img, i*harness.MiB, 4*harness.KiB)
 	}
-	snapshot(t, img, "s1")
-	fillAt(t, img, 9*mib, 4*kib)
-	snapshot(t, img, "s2")
+	harness.Snapshot(t, img, "s1")
+	harness.FillAt(t, img, 9*harness.MiB, 4*harness.KiB)
+	harness.Snapshot(t, img, "s2")
 
-	addr := freeTCPAddr(t)
-	config := relConfig(t, map[string][]string{"rsm-rel-down": {freeTCPAddr(t)}})
-	srv := startServer(t, "-v=10", "--metrics-address="+addr, "--ceph-connect-timeout=3s", "--clusterconfig", config)
-	user, key := clusterEnv(t, "CEPH_CSI_USER"), clusterEnv(t, "CEPH_CSI_KEY")
-	admin := clusterEnv(t, "CEPH_KEY")
+	addr := harness.FreeTCPAddr(t)
+	config := relConfig(t, map[string][]string{"rsm-rel-down": {harness.FreeTCPAddr(t)}})
+	srv := harness.StartServer(t, "-v=10", "--metrics-address="+addr, "--ceph-connect-timeout=3s", "--clusterconfig", config)
+	user, key := harness.ClusterEnv(t, "CEPH_CSI_USER"), harness.ClusterEnv(t, "CEPH_CSI_KEY")
+	admin := harness.ClusterEnv(t, "CEPH_KEY")
 	bad := wrongKey(t, key)
-	srv.hide = append(srv.hide, bad)
+	srv.Hide = append(srv.Hide, bad)
 	keys := []string{key, bad, admin}
 
 	good := map[string]string{"userID": user, "userKey": key}
 	cases := []struct {
 		name string
-		req  metaReq
+		req  harness.MetaReq
 		want codes.Code
 	}{
-		{"allocated, one tuple a page", metaReq{target: v.id("s2"), max: 1, secrets: good}, codes.OK},
-		{"delta", metaReq{base: v.id("s1"), target: v.id("s2"), secrets: good}, codes.OK},
-		{"admin's key", metaReq{target: v.id("s2"), secrets: map[string]string{"userID": "admin", "userKey": admin}}, codes.OK},
-		{"wrong key", metaReq{target: v.id("s2"), secrets: map[string]string{"userID": user, "userKey": bad}}, codes.Unauthenticated},
-		{"wrong key, delta", metaReq{base: v.id("s1"), target: v.id("s2"), secrets: map[string]string{"userID": user, "userKey": bad}}, codes.Unauthenticated},
-		{"unknown user", metaReq{target: v.id("s2"), secrets: map[string]string{"userID": "nobody-" + user, "userKey": key}}, codes.Unauthenticated},
-		{"key without user", metaReq{target: v.id("s2"), secrets: map[string]string{"userKey": key}}, codes.InvalidArgument},
-		{"key under another name", metaReq{target: v.id("s2"), secrets: map[string]string{"userID": user, "key": key}}, codes.InvalidArgument},
-		{"unknown snapshot", metaReq{target: v.id("nope"), secrets: good}, codes.NotFound},
-		{"unknown pool", metaReq{target: clusterID + "/nopool/" + v.name + "@s1", secrets: good}, codes.NotFound},
-		{"malformed ID", metaReq{target: "x@y", secrets: good}, codes.InvalidArgument},
-		{"base newer than target", metaReq{base: v.id("s2"), target: v.id("s1"), secrets: good}, codes.InvalidArgument},
-		{"offset beyond the end", metaReq{target: v.id("s2"), start: 1 << 40, secrets: good}, codes.OutOfRange},
-		{"unreachable monitors", metaReq{target: "rsm-rel-down/rbd/" + v.name + "@s2", secrets: good}, codes.Unavailable},
+		{"allocated, one tuple a page", harness.MetaReq{Target: v.ID("s2"), Max: 1, Secrets: good}, codes.OK},
+		{"delta", harness.MetaReq{Base: v.ID("s1"), Target: v.ID("s2"), Secrets: good}, codes.OK},
+		{"admin's key", harness.MetaReq{Target: v.ID("s2"), Secrets: map[string]string{"userID": "admin", "userKey": admin}}, codes.OK},
+		{"wrong key", harness.MetaReq{Target: v.ID("s2"), Secrets: map[string]string{"userID": user, "userKey": bad}}, codes.Unauthenticated},
+		{"wrong key, delta", harness.MetaReq{Base: v.ID("s1"), Target: v.ID("s2"), Secrets: map[string]string{"userID": user, "userKey": bad}}, codes.Unauthenticated},
+		{"unknown user", harness.MetaReq{Target: v.ID("s2"), Secrets: map[string]string{"userID": "nobody-" + user, "userKey": key}}, codes.Unauthenticated},
+		{"key without user", harness.MetaReq{Target: v.ID("s2"), Secrets: map[string]string{"userKey": key}}, codes.InvalidArgument},
+		{"key under another name", harness.MetaReq{Target: v.ID("s2"), Secrets: map[string]string{"userID": user, "key": key}}, codes.InvalidArgument},
+		{"unknown snapshot", harness.MetaReq{Target: v.ID("nope"), Secrets: good}, codes.NotFound},
+		{"unknown pool", harness.MetaReq{Target: harness.ClusterID + "/nopool/" + v.Name + "@s1", Secrets: good}, codes.NotFound},
+		{"malformed ID", harness.MetaReq{Target: "x@y", Secrets: good}, codes.InvalidArgument},
+		{"base newer than target", harness.MetaReq{Base: v.ID("s2"), Target: v.ID("s1"), Secrets: good}, codes.InvalidArgument},
+		{"offset beyond the end", harness.MetaReq{Target: v.ID("s2"), Start: 1 << 40, Secrets: good}, codes.OutOfRange},
+		{"unreachable monitors", harness.MetaReq{Target: "rsm-rel-down/rbd/" + v.Name + "@s2", Secrets: good}, codes.Unavailable},
 	}
 	var wg sync.WaitGroup
-	results := make([]metaStream, len(cases))
+	results := make([]harness.MetaStream, len(cases))
 	for i, c := range cases {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			results[i] = srv.call(ctx, c.req)
+			results[i] = srv.Call(ctx, c.req)
 		}()
 	}
 	wg.Wait()
 	for i, c := range cases {
 		m := results[i]
-		if c.want == codes.OK && m.err != nil || c.want != codes.OK && status.Code(m.err) == codes.OK {
-			t.Errorf("%s: %v, want %v", c.name, m.err, c.want)
-		} else if status.Code(m.err) != c.want {
+		if c.want == codes.OK && m.Err != nil || c.want != codes.OK && status.Code(m.Err) == codes.OK {
+			t.Errorf("%s: %v, want %v", c.name, m.Err, c.want)
+		} else if status.Code(m.Err) != c.want {
 			// The code is not what this test is about; TestErrors is.
-			t.Logf("%s: %v (expected %v)", c.name, status.Code(m.err), c.want)
+			t.Logf("%s: %v (expected %v)", c.name, status.Code(m.Err), c.want)
 		}
-		msg := status.Convert(m.err).Message()
+		msg := status.Convert(m.Err).Message()
 		for _, k := range keys {
 			if strings.Contains(msg, k) || (len(k) > 20 && strings.Contains(msg, k[:20])) {
 				t.Errorf("%s: the status message carries a key: %q", c.name, msg)
@@ -114,7 +116,7 @@ func TestReliabilitySecrets(t *testing.T) {
 	}
 	// A stream cancelled by the client.
 	ctx, cancel := context.WithCancel(context.Background())
-	recv, err := srv.open(ctx, metaReq{target: v.id("s2"), max: 1, secrets: good})
+	recv, err := srv.Open(ctx, harness.MetaReq{Target: v.ID("s2"), Max: 1, Secrets: good})
 	if err == nil {
 		_, err = recv()
 		cancel()
@@ -131,10 +133,10 @@ func TestReliabilitySecrets(t *testing.T) {
 	// "Stream finished" line. (Streams that fail before their diff starts
 	// are logged only with their request: see the report.)
 	deadline := time.Now().Add(10 * time.Second)
-	for strings.Count(srv.log(), `"Stream finished"`) < 4 && time.Now().Before(deadline) {
+	for strings.Count(srv.Log(), `"Stream finished"`) < 4 && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
 	}
-	log := srv.log()
+	log := srv.Log()
 	if n := strings.Count(log, `"Request"`); n < len(cases)+1 {
 		t.Errorf("the -v=10 log has %d requests, want %d", n, len(cases)+1)
 	}
@@ -143,7 +145,7 @@ func TestReliabilitySecrets(t *testing.T) {
 			t.Errorf("the -v=10 log lacks %s; the test proves nothing", want)
 		}
 	}
-	body := scrape(t, addr)
+	body := harness.Scrape(t, addr)
 	if !strings.Contains(body, "rbd_snapshot_metadata_rpcs_total") {
 		t.Errorf("/metrics lacks the RPC counts")
 	}

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/harness"
 )
 
 // TestReliabilityShutdown sends SIGTERM to the server binary while
@@ -19,25 +21,25 @@ import (
 // truncated OK. New requests are refused, the server exits with 0 and
 // removes its socket.
 func TestReliabilityShutdown(t *testing.T) {
-	v, _ := manyWrites(t, 16384)
+	v, _ := harness.ManyWrites(t, 16384)
 	const grace = 3 * time.Second
-	srv := startServer(t, "--grace-period="+grace.String())
-	qs := []metaReq{{target: v.id("s2")}, {base: v.id("s1"), target: v.id("s2")}}
-	want := make([][]span, len(qs))
+	srv := harness.StartServer(t, "--grace-period="+grace.String())
+	qs := []harness.MetaReq{{Target: v.ID("s2")}, {Base: v.ID("s1"), Target: v.ID("s2")}}
+	want := make([][]harness.Span, len(qs))
 	for i := range qs {
-		qs[i].secrets = csiSecrets(t)
-		want[i] = srv.get(t, qs[i]).tuples()
+		qs[i].Secrets = harness.CSISecrets(t)
+		want[i] = srv.Get(t, qs[i]).Tuples()
 	}
 
 	// Slow readers use a connection of their own, with a fixed 64 KiB flow
 	// control window (no BDP growth), and pages of one tuple: the server
 	// can send only a few thousand of the 16k before it waits for them.
-	slowSrv := slowReader(t, srv.sock)
+	slowSrv := harness.SlowReader(t, srv.Sock)
 
 	type result struct {
 		slow bool
 		q    int
-		got  []span
+		got  []harness.Span
 		err  error
 	}
 	const streams = 12
@@ -54,11 +56,11 @@ func TestReliabilityShutdown(t *testing.T) {
 			res := &results[i]
 			res.slow, res.q = i%2 == 1, i%len(qs)
 			q, s := qs[res.q], srv
-			q.max = 50
+			q.Max = 50
 			if res.slow {
-				q.max, s = 1, slowSrv
+				q.Max, s = 1, slowSrv
 			}
-			recv, err := s.open(ctx, q)
+			recv, err := s.Open(ctx, q)
 			if err != nil {
 				res.err = err
 				started <- struct{}{}
@@ -73,7 +75,7 @@ func TestReliabilityShutdown(t *testing.T) {
 					}
 					return
 				}
-				res.got = append(res.got, toPage(resp).tuples...)
+				res.got = append(res.got, harness.ToPage(resp).Tuples...)
 				if n == 0 {
 					started <- struct{}{}
 					<-term // every stream is under way at SIGTERM
@@ -88,26 +90,26 @@ func TestReliabilityShutdown(t *testing.T) {
 		<-started
 	}
 	t0 := time.Now()
-	srv.sigterm(t)
+	srv.Sigterm(t)
 	close(term)
 	// New requests are refused while the old ones end.
 	time.Sleep(200 * time.Millisecond)
-	late := srv.call(ctx, qs[0])
-	if late.err == nil {
-		t.Errorf("a request after SIGTERM was served: %d tuples", len(late.tuples()))
+	late := srv.Call(ctx, qs[0])
+	if late.Err == nil {
+		t.Errorf("a request after SIGTERM was served: %d tuples", len(late.Tuples()))
 	}
 	wg.Wait()
-	exitErr, exited := srv.wait(grace + 20*time.Second)
+	exitErr, exited := srv.Wait(grace + 20*time.Second)
 	if !exited || exitErr != nil {
 		t.Errorf("after SIGTERM: exited %t, %v; want exit status 0", exited, exitErr)
 	}
-	if _, err := os.Lstat(srv.sock); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("the socket %s is still there after the exit (%v)", srv.sock, err)
+	if _, err := os.Lstat(srv.Sock); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the socket %s is still there after the exit (%v)", srv.Sock, err)
 	}
 	var ok, failed, slowFailed int
 	for i, r := range results {
 		w := want[r.q]
-		if diff := diffSpans(w[:min(len(r.got), len(w))], r.got); diff != "" {
+		if diff := harness.DiffSpans(w[:min(len(r.got), len(w))], r.got); diff != "" {
 			t.Errorf("stream %d: the tuples are not a prefix of the answer: %s", i, diff)
 		}
 		switch {

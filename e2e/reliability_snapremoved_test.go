@@ -14,6 +14,8 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/harness"
 )
 
 // relResumeBudget is the server's default --resume-budget, and
@@ -38,28 +40,28 @@ const (
 // diff cannot end before it (a removal after the diff's end rightly leaves
 // the stream OK). Both streams run during one outage.
 func TestReliabilityResumeSnapRemoved(t *testing.T) {
-	if !serverHasPrecision(t, "precise") {
+	if !harness.ServerHasPrecision(t, "precise") {
 		t.Skip("the server binary has no --precision=precise")
 	}
-	v, _ := manyWrites(t, 16384)
+	v, _ := harness.ManyWrites(t, 16384)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute) // a hang guard
 	defer cancel()
 	type stream struct {
 		mode  string
-		srv   *rsmServer
-		alloc []span // the target's allocated blocks, before the outage
-		recv  func() (metaResponse, error)
+		srv   *harness.Server
+		alloc []harness.Span // the target's allocated blocks, before the outage
+		recv  func() (harness.MetaResponse, error)
 		n     int
 		err   error
 		ended time.Time
 	}
 	var streams []*stream
 	for _, mode := range []string{"exact", "precise"} {
-		srv := startServer(t, "--ceph-op-timeout="+relOpTimeout.String(), "--precision="+mode)
-		s := &stream{mode: mode, srv: srv, alloc: srv.get(t, metaReq{target: v.id("s2")}).tuples()}
-		q := metaReq{base: v.id("s1"), target: v.id("s2"), max: 1, secrets: csiSecrets(t)}
+		srv := harness.StartServer(t, "--ceph-op-timeout="+relOpTimeout.String(), "--precision="+mode)
+		s := &stream{mode: mode, srv: srv, alloc: srv.Get(t, harness.MetaReq{Target: v.ID("s2")}).Tuples()}
+		q := harness.MetaReq{Base: v.ID("s1"), Target: v.ID("s2"), Max: 1, Secrets: harness.CSISecrets(t)}
 		var err error
-		if s.recv, err = slowReader(t, srv.sock).open(ctx, q); err != nil {
+		if s.recv, err = harness.SlowReader(t, srv.Sock).Open(ctx, q); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := s.recv(); err != nil {
@@ -69,7 +71,7 @@ func TestReliabilityResumeSnapRemoved(t *testing.T) {
 		streams = append(streams, s)
 	}
 	time.Sleep(500 * time.Millisecond)
-	resume := pauseDaemon(t, "osd.0")
+	resume := harness.PauseDaemon(t, "osd.0")
 	t0 := time.Now()
 
 	// The removal, started during the outage: it waits for the OSD.
@@ -83,7 +85,7 @@ func TestReliabilityResumeSnapRemoved(t *testing.T) {
 		defer close(removed)
 		rctx, rcancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer rcancel()
-		rmOut, rmErr = exec.CommandContext(rctx, "rbd", "snap", "rm", "--no-progress", v.spec()+"@s1").CombinedOutput()
+		rmOut, rmErr = exec.CommandContext(rctx, "rbd", "snap", "rm", "--no-progress", v.Spec()+"@s1").CombinedOutput()
 		rmDone = time.Now()
 	}()
 
@@ -114,16 +116,16 @@ func TestReliabilityResumeSnapRemoved(t *testing.T) {
 	wg.Wait()
 	<-removed
 	t.Logf("OSD stopped for %v; rbd snap rm %s@s1 done %v after the fault (%v after the OSD came back): %v %s",
-		back.Sub(t0).Round(time.Millisecond), v.spec(), rmDone.Sub(t0).Round(time.Millisecond),
+		back.Sub(t0).Round(time.Millisecond), v.Spec(), rmDone.Sub(t0).Round(time.Millisecond),
 		rmDone.Sub(back).Round(time.Millisecond), rmErr, strings.TrimSpace(string(rmOut)))
 	if rmErr != nil {
-		t.Fatalf("rbd snap rm %s@s1: %v", v.spec(), rmErr)
+		t.Fatalf("rbd snap rm %s@s1: %v", v.Spec(), rmErr)
 	}
 	bound := 2*relOpTimeout + relResumeBudget + relMaxBackOff
 	met := 0
 	for _, s := range streams {
 		took := s.ended.Sub(t0)
-		log := s.srv.log()
+		log := s.srv.Log()
 		resumed := strings.Count(log, `"Resumed stream"`)
 		path := "the re-open found the snapshot gone"
 		if resumed > 0 {
@@ -148,8 +150,8 @@ func TestReliabilityResumeSnapRemoved(t *testing.T) {
 			t.Errorf("%s: the stream ended OK although its base snapshot was removed before its end", s.mode)
 		case status.Code(s.err) != codes.NotFound:
 			t.Errorf("%s: %v; want NOT_FOUND", s.mode, s.err)
-		case !strings.Contains(msg, v.spec()+"@s1"):
-			t.Errorf("%s: %q does not name the base snapshot %s@s1", s.mode, msg, v.spec())
+		case !strings.Contains(msg, v.Spec()+"@s1"):
+			t.Errorf("%s: %q does not name the base snapshot %s@s1", s.mode, msg, v.Spec())
 		}
 		if took > bound {
 			t.Errorf("%s: ended %v after the fault, want within %v (op timeouts, the resume budget and one backoff)", s.mode, took, bound)
@@ -158,19 +160,19 @@ func TestReliabilityResumeSnapRemoved(t *testing.T) {
 	if met == 0 {
 		t.Errorf("no stream met the outage")
 	}
-	waitClusterIO(t)
+	harness.WaitClusterIO(t)
 	for _, s := range streams {
 		t1 := time.Now()
-		d := s.srv.call(ctx, metaReq{base: v.id("s1"), target: v.id("s2"), secrets: csiSecrets(t)})
-		t.Logf("%s: a new Delta from the removed snapshot: %v in %v", s.mode, d.err, time.Since(t1).Round(time.Millisecond))
-		if status.Code(d.err) != codes.NotFound {
-			t.Errorf("%s: a new Delta from the removed snapshot: %v; want NOT_FOUND", s.mode, d.err)
+		d := s.srv.Call(ctx, harness.MetaReq{Base: v.ID("s1"), Target: v.ID("s2"), Secrets: harness.CSISecrets(t)})
+		t.Logf("%s: a new Delta from the removed snapshot: %v in %v", s.mode, d.Err, time.Since(t1).Round(time.Millisecond))
+		if status.Code(d.Err) != codes.NotFound {
+			t.Errorf("%s: a new Delta from the removed snapshot: %v; want NOT_FOUND", s.mode, d.Err)
 		}
 		t1 = time.Now()
-		a := s.srv.call(ctx, metaReq{target: v.id("s2"), secrets: csiSecrets(t)})
-		t.Logf("%s: a new Allocated of the target: %d tuples, %v in %v", s.mode, len(a.tuples()), a.err, time.Since(t1).Round(time.Millisecond))
-		if a.err != nil || diffSpans(s.alloc, a.tuples()) != "" {
-			t.Errorf("%s: a new Allocated of the target after the outage: %d of %d tuples, %v", s.mode, len(a.tuples()), len(s.alloc), a.err)
+		a := s.srv.Call(ctx, harness.MetaReq{Target: v.ID("s2"), Secrets: harness.CSISecrets(t)})
+		t.Logf("%s: a new Allocated of the target: %d tuples, %v in %v", s.mode, len(a.Tuples()), a.Err, time.Since(t1).Round(time.Millisecond))
+		if a.Err != nil || harness.DiffSpans(s.alloc, a.Tuples()) != "" {
+			t.Errorf("%s: a new Allocated of the target after the outage: %d of %d tuples, %v", s.mode, len(a.Tuples()), len(s.alloc), a.Err)
 		}
 	}
 }

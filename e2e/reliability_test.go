@@ -28,6 +28,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/client"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/harness"
 )
 
 // The librados timeouts of the fault tests' servers.
@@ -46,17 +47,17 @@ func relBound(timeout time.Duration) time.Duration { return 4*timeout + 10*time.
 // page fills gRPC's flow control window after a few thousand, and the
 // diff waits there, in the middle of the image, until the client reads on.
 func TestReliabilityFaults(t *testing.T) {
-	v, _ := manyWrites(t, 16384)
+	v, _ := harness.ManyWrites(t, 16384)
 	t.Run("monitors", func(t *testing.T) { relMonitors(t, v) })
 	t.Run("server-killed", func(t *testing.T) { relServerKilled(t, v) })
 	for _, mode := range []string{"exact", "precise"} {
 		t.Run("osd-sigstop/"+mode, func(t *testing.T) {
-			relOSDFault(t, v, mode, func(t *testing.T) func() { return pauseDaemon(t, "osd.0") })
+			relOSDFault(t, v, mode, func(t *testing.T) func() { return harness.PauseDaemon(t, "osd.0") })
 		})
 	}
-	// The OSD killed and restarted (as cluster.sh starts it: killOSD).
+	// The OSD killed and restarted (as cluster.sh starts it: harness.KillOSD).
 	t.Run("osd-sigkill/exact", func(t *testing.T) {
-		relOSDFault(t, v, "exact", func(t *testing.T) func() { return killOSD(t) })
+		relOSDFault(t, v, "exact", func(t *testing.T) func() { return harness.KillOSD(t) })
 	})
 }
 
@@ -64,28 +65,28 @@ func TestReliabilityFaults(t *testing.T) {
 // returns the function that undoes it. The stream must end non-OK within
 // a bound set by the OSD op timeout, with a prefix of the answer; once the
 // OSD is back, the same server must answer as before the fault.
-func relOSDFault(t *testing.T, v rbdVolume, mode string, fault func(*testing.T) func()) {
-	if mode == "precise" && !serverHasPrecision(t, "precise") {
+func relOSDFault(t *testing.T, v harness.RbdVolume, mode string, fault func(*testing.T) func()) {
+	if mode == "precise" && !harness.ServerHasPrecision(t, "precise") {
 		t.Skip("the server binary has no --precision=precise")
 	}
 	// --resume-budget=0: the behaviour without resuming, which
 	// reliability_resume_test.go compares with.
-	srv := startServer(t, "--precision="+mode, "--ceph-op-timeout="+relOpTimeout.String(), "--resume-budget=0")
-	qs := []metaReq{{target: v.id("s2")}, {base: v.id("s1"), target: v.id("s2")}}
-	want := make([][]span, len(qs))
+	srv := harness.StartServer(t, "--precision="+mode, "--ceph-op-timeout="+relOpTimeout.String(), "--resume-budget=0")
+	qs := []harness.MetaReq{{Target: v.ID("s2")}, {Base: v.ID("s1"), Target: v.ID("s2")}}
+	want := make([][]harness.Span, len(qs))
 	for i := range qs {
-		want[i] = srv.get(t, qs[i]).tuples()
+		want[i] = srv.Get(t, qs[i]).Tuples()
 	}
 
 	q := qs[1]
-	q.max, q.secrets = 1, csiSecrets(t)
+	q.Max, q.Secrets = 1, harness.CSISecrets(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute) // a hang guard
 	defer cancel()
 	// A connection of its own with a fixed 64 KiB flow control window (no
 	// BDP growth) and pages of one tuple: the server can send only a few
 	// thousand of the 16k tuples before it waits, so the diff is still
 	// running, with Ceph work left, when the fault comes.
-	recv, err := slowReader(t, srv.sock).open(ctx, q)
+	recv, err := harness.SlowReader(t, srv.Sock).Open(ctx, q)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +94,7 @@ func relOSDFault(t *testing.T, v rbdVolume, mode string, fault func(*testing.T) 
 	if err != nil {
 		t.Fatalf("%v: first page: %v", q, err)
 	}
-	got := toPage(resp).tuples
+	got := harness.ToPage(resp).Tuples
 	// Let the server fill the flow control window and wait there.
 	time.Sleep(500 * time.Millisecond)
 	undo := fault(t)
@@ -103,7 +104,7 @@ func relOSDFault(t *testing.T, v rbdVolume, mode string, fault func(*testing.T) 
 		if err != nil {
 			break
 		}
-		got = append(got, toPage(resp).tuples...)
+		got = append(got, harness.ToPage(resp).Tuples...)
 	}
 	took := time.Since(t0)
 	t.Logf("%v with the OSD down: %d of %d tuples, then %v, %v after the fault", q, len(got), len(want[1]), err, took.Round(time.Millisecond))
@@ -111,14 +112,14 @@ func relOSDFault(t *testing.T, v rbdVolume, mode string, fault func(*testing.T) 
 		t.Errorf("the stream ended OK with the OSD down (%d of %d tuples); want a non-OK status", len(got), len(want[1]))
 	}
 	if mode == "exact" {
-		if diff := diffSpans(want[1][:min(len(got), len(want[1]))], got); diff != "" {
+		if diff := harness.DiffSpans(want[1][:min(len(got), len(want[1]))], got); diff != "" {
 			t.Errorf("the tuples received are not a prefix of the answer: %s", diff)
 		}
 	} else if len(got) > 0 {
 		// Precise mode may fall back to whole objects (more, never less):
 		// what arrived must cover the answer up to its last tuple.
-		if miss := uncovered(clipSpans(want[1], 0, spanEnd(got[len(got)-1])), mergeSpans(got)); len(miss) > 0 {
-			t.Errorf("the tuples received miss %d changed bytes before their end", totalBytes(miss))
+		if miss := harness.Uncovered(harness.ClipSpans(want[1], 0, harness.SpanEnd(got[len(got)-1])), harness.MergeSpans(got)); len(miss) > 0 {
+			t.Errorf("the tuples received miss %d changed bytes before their end", harness.TotalBytes(miss))
 		}
 	}
 	if len(got) >= len(want[1]) && mode == "exact" {
@@ -130,30 +131,30 @@ func relOSDFault(t *testing.T, v rbdVolume, mode string, fault func(*testing.T) 
 
 	if errors.Is(err, io.EOF) {
 		// Never less than changed, at least?
-		if miss := uncovered(want[1], mergeSpans(got)); len(miss) > 0 {
-			t.Errorf("the OK stream with the OSD down misses %d changed bytes", totalBytes(miss))
+		if miss := harness.Uncovered(want[1], harness.MergeSpans(got)); len(miss) > 0 {
+			t.Errorf("the OK stream with the OSD down misses %d changed bytes", harness.TotalBytes(miss))
 		}
-		t.Logf("OK with the OSD down: %d tuples covering %d bytes, for %d changed bytes", len(got), totalBytes(got), totalBytes(want[1]))
+		t.Logf("OK with the OSD down: %d tuples covering %d bytes, for %d changed bytes", len(got), harness.TotalBytes(got), harness.TotalBytes(want[1]))
 	}
 
 	undo()
-	waitClusterIO(t)
+	harness.WaitClusterIO(t)
 	// The same server, its cached connection, must answer again once the
 	// OSD is back: librados learns the OSD's new address from the monitor.
 	t1 := time.Now()
 	for attempt := 1; ; attempt++ {
 		failed := false
 		for i, q := range qs {
-			q.secrets = csiSecrets(t)
+			q.Secrets = harness.CSISecrets(t)
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-			m := srv.call(ctx, q)
+			m := srv.Call(ctx, q)
 			cancel()
 			switch {
-			case m.err != nil:
+			case m.Err != nil:
 				failed = true
-				t.Logf("attempt %d, %v after the OSD came back: %v", attempt, q, m.err)
+				t.Logf("attempt %d, %v after the OSD came back: %v", attempt, q, m.Err)
 			default:
-				if diff := diffSpans(want[i], m.tuples()); diff != "" {
+				if diff := harness.DiffSpans(want[i], m.Tuples()); diff != "" {
 					t.Errorf("%v after the OSD came back: %s", q, diff)
 				}
 			}
@@ -164,17 +165,17 @@ func relOSDFault(t *testing.T, v rbdVolume, mode string, fault func(*testing.T) 
 		if time.Since(t1) > 30*time.Second {
 			// Is it the cached connection? Another user makes a new one.
 			q := qs[1]
-			q.secrets = map[string]string{"userID": clusterEnv(t, "CEPH_USER"), "userKey": clusterEnv(t, "CEPH_KEY")}
+			q.Secrets = map[string]string{"userID": harness.ClusterEnv(t, "CEPH_USER"), "userKey": harness.ClusterEnv(t, "CEPH_KEY")}
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-			m := srv.call(ctx, q)
+			m := srv.Call(ctx, q)
 			cancel()
 			t.Fatalf("the server still fails 30 s after the OSD came back; through a new connection (user admin): %d tuples, %v",
-				len(m.tuples()), m.err)
+				len(m.Tuples()), m.Err)
 		}
 		time.Sleep(time.Second)
 	}
 	t.Logf("the server answers as before the fault %v after the OSD came back", time.Since(t1).Round(time.Millisecond))
-	if !srv.running() {
+	if !srv.Running() {
 		t.Fatalf("the server exited")
 	}
 }
@@ -184,83 +185,83 @@ func relOSDFault(t *testing.T, v rbdVolume, mode string, fault func(*testing.T) 
 // UNAVAILABLE within about the connect timeout, while requests to the
 // cluster go on being served; once the monitor is back, a new connection
 // works and answers as before.
-func relMonitors(t *testing.T, v rbdVolume) {
+func relMonitors(t *testing.T, v harness.RbdVolume) {
 	config := relConfig(t, map[string][]string{
-		"rsm-rel-down": {freeTCPAddr(t)},
+		"rsm-rel-down": {harness.FreeTCPAddr(t)},
 		// The live monitor under another cluster ID: its own connections.
-		"rsm-rel-hung": {clusterEnv(t, "CEPH_MON_V1")},
+		"rsm-rel-hung": {harness.ClusterEnv(t, "CEPH_MON_V1")},
 	})
-	srv := startServer(t, "--ceph-connect-timeout="+relConnectTimeout.String(), "--ceph-op-timeout="+relOpTimeout.String(),
+	srv := harness.StartServer(t, "--ceph-connect-timeout="+relConnectTimeout.String(), "--ceph-op-timeout="+relOpTimeout.String(),
 		"--clusterconfig", config)
-	q := metaReq{base: v.id("s1"), target: v.id("s2")}
-	want := srv.get(t, q).tuples()
+	q := harness.MetaReq{Base: v.ID("s1"), Target: v.ID("s2")}
+	want := srv.Get(t, q).Tuples()
 	bound := relBound(relConnectTimeout)
 
-	call := func(r metaReq) (metaStream, time.Duration) {
-		if r.secrets == nil {
-			r.secrets = csiSecrets(t)
+	call := func(r harness.MetaReq) (harness.MetaStream, time.Duration) {
+		if r.Secrets == nil {
+			r.Secrets = harness.CSISecrets(t)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute) // a hang guard
 		defer cancel()
 		t0 := time.Now()
-		m := srv.call(ctx, r)
+		m := srv.Call(ctx, r)
 		return m, time.Since(t0)
 	}
 	type res struct {
-		m metaStream
+		m harness.MetaStream
 		d time.Duration
 	}
 	down := make(chan res, 1)
 	go func() {
-		m, d := call(metaReq{target: "rsm-rel-down/rbd/" + v.name + "@s2"})
+		m, d := call(harness.MetaReq{Target: "rsm-rel-down/rbd/" + v.Name + "@s2"})
 		down <- res{m, d}
 	}()
 	// Served meanwhile, through the cached connection.
-	if m, _ := call(q); m.err != nil || diffSpans(want, m.tuples()) != "" {
-		t.Errorf("%v while another request waits for unreachable monitors: %v", q, m.err)
+	if m, _ := call(q); m.Err != nil || harness.DiffSpans(want, m.Tuples()) != "" {
+		t.Errorf("%v while another request waits for unreachable monitors: %v", q, m.Err)
 	}
 	r := <-down
-	t.Logf("no monitor listening: %v after %v", r.m.err, r.d.Round(time.Millisecond))
-	if status.Code(r.m.err) != codes.Unavailable || r.d > bound {
-		t.Errorf("no monitor listening: %v after %v; want UNAVAILABLE within about %v", r.m.err, r.d.Round(time.Millisecond), relConnectTimeout)
+	t.Logf("no monitor listening: %v after %v", r.m.Err, r.d.Round(time.Millisecond))
+	if status.Code(r.m.Err) != codes.Unavailable || r.d > bound {
+		t.Errorf("no monitor listening: %v after %v; want UNAVAILABLE within about %v", r.m.Err, r.d.Round(time.Millisecond), relConnectTimeout)
 	}
 
 	// The monitor hung: the server needs a new connection for the admin
 	// user (none is cached), and cannot get a session.
-	adminQ := metaReq{base: "rsm-rel-hung/rbd/" + v.name + "@s1", target: "rsm-rel-hung/rbd/" + v.name + "@s2",
-		secrets: map[string]string{"userID": clusterEnv(t, "CEPH_USER"), "userKey": clusterEnv(t, "CEPH_KEY")}}
-	resume := pauseDaemon(t, "mon.a")
+	adminQ := harness.MetaReq{Base: "rsm-rel-hung/rbd/" + v.Name + "@s1", Target: "rsm-rel-hung/rbd/" + v.Name + "@s2",
+		Secrets: map[string]string{"userID": harness.ClusterEnv(t, "CEPH_USER"), "userKey": harness.ClusterEnv(t, "CEPH_KEY")}}
+	resume := harness.PauseDaemon(t, "mon.a")
 	m, d := call(adminQ)
 	// The cached connection of the other user still reaches the OSD.
 	cached, cd := call(q)
 	resume()
 	t.Logf("monitor hung: a new connection: %v after %v; the cached one: %d tuples, %v after %v",
-		m.err, d.Round(time.Millisecond), len(cached.tuples()), cached.err, cd.Round(time.Millisecond))
-	if status.Code(m.err) != codes.Unavailable || d > bound {
+		m.Err, d.Round(time.Millisecond), len(cached.Tuples()), cached.Err, cd.Round(time.Millisecond))
+	if status.Code(m.Err) != codes.Unavailable || d > bound {
 		t.Errorf("monitor hung (SIGSTOP): %v after %v; want UNAVAILABLE within about %v (a hung monitor is not a wrong key)",
-			m.err, d.Round(time.Millisecond), relConnectTimeout)
+			m.Err, d.Round(time.Millisecond), relConnectTimeout)
 	}
-	if cached.err == nil && diffSpans(want, cached.tuples()) != "" {
-		t.Errorf("%v through the cached connection while the monitor hung: OK, but wrong: %s", q, diffSpans(want, cached.tuples()))
+	if cached.Err == nil && harness.DiffSpans(want, cached.Tuples()) != "" {
+		t.Errorf("%v through the cached connection while the monitor hung: OK, but wrong: %s", q, harness.DiffSpans(want, cached.Tuples()))
 	}
 
 	// The monitor is back: a new connection works.
 	deadline := time.Now().Add(time.Minute)
 	for {
 		m, _ := call(adminQ)
-		if m.err == nil {
-			if diff := diffSpans(want, m.tuples()); diff != "" {
+		if m.Err == nil {
+			if diff := harness.DiffSpans(want, m.Tuples()); diff != "" {
 				t.Errorf("%v after the monitor came back: %s", adminQ, diff)
 			}
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%v a minute after the monitor came back: %v", adminQ, m.err)
+			t.Fatalf("%v a minute after the monitor came back: %v", adminQ, m.Err)
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
-	if m, _ := call(q); m.err != nil || diffSpans(want, m.tuples()) != "" {
-		t.Errorf("%v after the monitor came back: %v", q, m.err)
+	if m, _ := call(q); m.Err != nil || harness.DiffSpans(want, m.Tuples()) != "" {
+		t.Errorf("%v after the monitor came back: %v", q, m.Err)
 	}
 }
 
@@ -269,7 +270,7 @@ func relMonitors(t *testing.T, v rbdVolume) {
 // (the killed one left its socket file: the new one must replace it). The
 // client must resume and hand over exactly the tuples of a stream that
 // was never interrupted; both block types.
-func relServerKilled(t *testing.T, v rbdVolume) {
+func relServerKilled(t *testing.T, v harness.RbdVolume) {
 	for _, bt := range []struct {
 		name  string
 		flags []string
@@ -277,15 +278,15 @@ func relServerKilled(t *testing.T, v rbdVolume) {
 		{"VARIABLE_LENGTH", nil},
 		{"FIXED_LENGTH", []string{"--block-metadata-type", "FIXED_LENGTH", "--fixed-block-size", "65536"}},
 	} {
-		for _, q := range []metaReq{{target: v.id("s2")}, {base: v.id("s1"), target: v.id("s2")}} {
-			name := fmt.Sprintf("%s/%s", bt.name, map[bool]string{true: "allocated", false: "delta"}[q.base == ""])
+		for _, q := range []harness.MetaReq{{Target: v.ID("s2")}, {Base: v.ID("s1"), Target: v.ID("s2")}} {
+			name := fmt.Sprintf("%s/%s", bt.name, map[bool]string{true: "allocated", false: "delta"}[q.Base == ""])
 			t.Run(name, func(t *testing.T) {
-				ref := startServer(t, bt.flags...)
-				want := ref.get(t, q).tuples()
+				ref := harness.StartServer(t, bt.flags...)
+				want := ref.Get(t, q).Tuples()
 
-				sock := shortSocket(t)
+				sock := harness.ShortSocket(t)
 				logPath := filepath.Join(t.TempDir(), "server.log")
-				p := startProc(t, sock, logPath, bt.flags...)
+				p := harness.StartProc(t, sock, logPath, bt.flags...)
 				cc, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
 				if err != nil {
 					t.Fatal(err)
@@ -296,32 +297,32 @@ func relServerKilled(t *testing.T, v rbdVolume) {
 				c.NewBackOff = func() backoff.BackOff { return backoff.NewConstantBackOff(200 * time.Millisecond) }
 
 				var (
-					got    []span
+					got    []harness.Span
 					pages  int
 					killed = -1
 					typ    csi.BlockMetadataType
 				)
 				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute) // a hang guard
 				defer cancel()
-				prog, err := c.Stream(ctx, client.Request{Base: q.base, Target: q.target, MaxResults: 4, Secrets: csiSecrets(t)},
+				prog, err := c.Stream(ctx, client.Request{Base: q.Base, Target: q.Target, MaxResults: 4, Secrets: harness.CSISecrets(t)},
 					func(pg client.Page) error {
 						typ = pg.Type
 						got = append(got, pg.Extents...)
 						pages++
 						if pages == 3 {
 							killed = len(got)
-							p.kill(t)
-							p = startProc(t, sock, logPath, bt.flags...)
+							p.Kill(t)
+							p = harness.StartProc(t, sock, logPath, bt.flags...)
 						}
 						return nil
 					})
 				if err != nil {
 					t.Fatalf("Stream across a killed server: %v (progress %+v)", err, prog)
 				}
-				if typ != ref.blockType() {
-					t.Errorf("type %v, want %v", typ, ref.blockType())
+				if typ != ref.BlockType() {
+					t.Errorf("type %v, want %v", typ, ref.BlockType())
 				}
-				if diff := diffSpans(want, got); diff != "" {
+				if diff := harness.DiffSpans(want, got); diff != "" {
 					t.Errorf("across a killed server: %s", diff)
 				}
 				if prog.Retries == 0 {

@@ -9,6 +9,8 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/harness"
 )
 
 // TestRevokedKey: a cephx user removed with `ceph auth rm` while the server
@@ -18,37 +20,37 @@ import (
 // measures how long the old key keeps working and fails unless requests
 // carrying it are UNAUTHENTICATED within the maximum age (plus a connect).
 func TestRevokedKey(t *testing.T) {
-	conn := connectAdmin(t)
-	v, img := createVolume(t, conn, "", "revoke", 8*mib, imageFeatures)
-	fillAt(t, img, 0, 4*kib)
-	snapshot(t, img, "s1")
+	conn := harness.ConnectAdmin(t)
+	v, img := harness.CreateVolume(t, conn, "", "revoke", 8*harness.MiB, harness.ImageFeatures)
+	harness.FillAt(t, img, 0, 4*harness.KiB)
+	harness.Snapshot(t, img, "s1")
 
-	user := "rsm-revoke-" + csiUUID(t)[:8]
-	key := cephAuth(t, "auth", "get-or-create-key", "client."+user, "mon", "profile rbd", "osd", "profile rbd")
+	user := "rsm-revoke-" + harness.CSIUUID(t)[:8]
+	key := harness.CephAuth(t, "auth", "get-or-create-key", "client."+user, "mon", "profile rbd", "osd", "profile rbd")
 	removed := false
 	t.Cleanup(func() {
 		if !removed {
-			cephAuth(t, "auth", "rm", "client."+user)
+			harness.CephAuth(t, "auth", "rm", "client."+user)
 		}
 	})
 
 	const maxAge = 8 * time.Second
 	const connectTimeout = 5 * time.Second
-	srv := startServer(t, "--ceph-conn-max-age="+maxAge.String(), "--ceph-conn-idle=1h",
+	srv := harness.StartServer(t, "--ceph-conn-max-age="+maxAge.String(), "--ceph-conn-idle=1h",
 		"--ceph-connect-timeout="+connectTimeout.String())
-	srv.hide = append(srv.hide, key)
-	r := metaReq{target: v.id("s1"), secrets: map[string]string{"userID": user, "userKey": key}}
-	call := func() metaStream {
+	srv.Hide = append(srv.Hide, key)
+	r := harness.MetaReq{Target: v.ID("s1"), Secrets: map[string]string{"userID": user, "userKey": key}}
+	call := func() harness.MetaStream {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		return srv.call(ctx, r)
+		return srv.Call(ctx, r)
 	}
-	if m := call(); m.err != nil || len(m.tuples()) == 0 {
-		t.Fatalf("before the revocation: %d tuples, %v", len(m.tuples()), m.err)
+	if m := call(); m.Err != nil || len(m.Tuples()) == 0 {
+		t.Fatalf("before the revocation: %d tuples, %v", len(m.Tuples()), m.Err)
 	}
 	born := time.Now() // the cached connection is at most this old
 
-	cephAuth(t, "auth", "rm", "client."+user)
+	harness.CephAuth(t, "auth", "rm", "client."+user)
 	removed = true
 	revoked := time.Now()
 
@@ -56,11 +58,11 @@ func TestRevokedKey(t *testing.T) {
 	for {
 		m := call()
 		since := time.Since(revoked)
-		if m.err == nil {
+		if m.Err == nil {
 			lastOK = since
 		} else {
-			if got := status.Code(m.err); got != codes.Unauthenticated {
-				t.Errorf("after the revocation: %v; want Unauthenticated", m.err)
+			if got := status.Code(m.Err); got != codes.Unauthenticated {
+				t.Errorf("after the revocation: %v; want Unauthenticated", m.Err)
 			}
 			t.Logf("the removed key worked on the cached connection for %v after `ceph auth rm` "+
 				"(last OK at %v); refused %v after it, %v after the connection was made (max age %v)",

@@ -34,98 +34,127 @@ const usage = `usage:
 flags:
 `
 
+// run is snapmeta: it parses the command line, connects, and does what
+// the command asks. It returns the process's exit code.
 func run(args []string, stdout, stderr io.Writer) int {
+	o, exit, ok := parseArgs(args, stderr)
+	if !ok {
+		return exit
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if o.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, o.timeout)
+		defer cancel()
+	}
+	conn, err := grpc.NewClient(o.endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		fmt.Fprintf(stderr, "snapmeta: %v\n", err)
+		return 1
+	}
+	defer conn.Close()
+	switch o.command {
+	case "health":
+		return health(ctx, conn, stdout, stderr)
+	case "check":
+		return check(ctx, conn, o, stdout, stderr)
+	}
+	return list(ctx, conn, o, stdout, stderr)
+}
+
+// options is what the command line asks for.
+type options struct {
+	command  string // allocated, delta, check or health
+	req      client.Request
+	endpoint string
+	format   string
+	progress bool
+	timeout  time.Duration
+	missing  string
+}
+
+// parseArgs reads the flags, the command and its snapshot IDs, and the
+// Ceph credentials. When it fails it has said why on stderr, and returns
+// the exit code (2 for bad usage).
+func parseArgs(args []string, stderr io.Writer) (o options, exit int, ok bool) {
 	fs := flag.NewFlagSet("snapmeta", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() { fmt.Fprint(stderr, usage); fs.PrintDefaults() }
 	var (
-		endpoint = fs.String("endpoint", "unix:///csi/csi-snapshot-metadata.sock", "the server's socket")
-		user     = fs.String("user", os.Getenv("SNAPMETA_USER"), "Ceph user ID (Ceph-CSI's userID secret)")
-		keyFile  = fs.String("keyfile", "", "file holding the Ceph key (Ceph-CSI's userKey secret); default: $SNAPMETA_KEY")
-		format   = fs.String("format", "table", "table or json (like rbd diff --format json)")
-		start    = fs.Int64("starting-offset", 0, "first byte of interest")
-		maxRes   = fs.Int("max-results", 0, "tuples per page (0: the server's choice)")
-		progress = fs.Bool("progress", false, "report progress on stderr every second")
-		timeout  = fs.Duration("timeout", 0, "give up after this long (0: never)")
-		missing  = fs.String("missing", "", "check: a well-formed ID of a snapshot that does not exist, for the NOT_FOUND check")
+		user    = fs.String("user", os.Getenv("SNAPMETA_USER"), "Ceph user ID (Ceph-CSI's userID secret)")
+		keyFile = fs.String("keyfile", "", "file holding the Ceph key (Ceph-CSI's userKey secret); default: $SNAPMETA_KEY")
+		start   = fs.Int64("starting-offset", 0, "first byte of interest")
+		maxRes  = fs.Int("max-results", 0, "tuples per page (0: the server's choice)")
 	)
+	fs.StringVar(&o.endpoint, "endpoint", "unix:///csi/csi-snapshot-metadata.sock", "the server's socket")
+	fs.StringVar(&o.format, "format", "table", "table or json (like rbd diff --format json)")
+	fs.BoolVar(&o.progress, "progress", false, "report progress on stderr every second")
+	fs.DurationVar(&o.timeout, "timeout", 0, "give up after this long (0: never)")
+	fs.StringVar(&o.missing, "missing", "", "check: a well-formed ID of a snapshot that does not exist, for the NOT_FOUND check")
 	if err := fs.Parse(args); err != nil {
-		return 2
+		return o, 2, false
 	}
-	req := client.Request{StartingOffset: *start, MaxResults: int32(*maxRes)}
-	check, probe := false, false
+	o.req = client.Request{StartingOffset: *start, MaxResults: int32(*maxRes)}
 	switch a := fs.Args(); {
 	case len(a) == 1 && a[0] == "health":
-		probe = true
-	case len(a) == 2 && a[0] == "allocated":
-		req.Target = a[1]
-	case len(a) == 3 && a[0] == "delta":
-		req.Base, req.Target = a[1], a[2]
-	case len(a) == 2 && a[0] == "check":
-		check, req.Target = true, a[1]
-	case len(a) == 3 && a[0] == "check":
-		check, req.Base, req.Target = true, a[1], a[2]
+	case len(a) == 2 && (a[0] == "allocated" || a[0] == "check"):
+		o.req.Target = a[1]
+	case len(a) == 3 && (a[0] == "delta" || a[0] == "check"):
+		o.req.Base, o.req.Target = a[1], a[2]
 	default:
 		fs.Usage()
-		return 2
+		return o, 2, false
 	}
-	if *format != "table" && *format != "json" {
-		fmt.Fprintf(stderr, "snapmeta: --format: want table or json, got %q\n", *format)
-		return 2
+	o.command = fs.Arg(0)
+	if o.format != "table" && o.format != "json" {
+		fmt.Fprintf(stderr, "snapmeta: --format: want table or json, got %q\n", o.format)
+		return o, 2, false
 	}
 	key := os.Getenv("SNAPMETA_KEY")
 	if *keyFile != "" {
 		b, err := os.ReadFile(*keyFile)
 		if err != nil {
 			fmt.Fprintf(stderr, "snapmeta: %v\n", err)
-			return 1
+			return o, 1, false
 		}
 		key = strings.TrimSpace(string(b))
 	}
 	if *user != "" || key != "" {
-		req.Secrets = map[string]string{"userID": *user, "userKey": key}
+		o.req.Secrets = map[string]string{"userID": *user, "userKey": key}
 	}
+	return o, 0, true
+}
 
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	if *timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, *timeout)
-		defer cancel()
-	}
-	conn, err := grpc.NewClient(*endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
+// check runs the conformance checks against the server and prints their
+// report; it fails when one failed.
+func check(ctx context.Context, conn *grpc.ClientConn, o options, stdout, stderr io.Writer) int {
+	rep, err := conformance.Run(ctx, conn, conformance.Target{Base: o.req.Base, Snapshot: o.req.Target, Missing: o.missing, Secrets: o.req.Secrets})
+	fmt.Fprint(stdout, rep)
 	if err != nil {
 		fmt.Fprintf(stderr, "snapmeta: %v\n", err)
 		return 1
 	}
-	defer conn.Close()
-	if probe {
-		return health(ctx, conn, stdout, stderr)
+	if !rep.OK() {
+		return 1
 	}
-	if check {
-		rep, err := conformance.Run(ctx, conn, conformance.Target{Base: req.Base, Snapshot: req.Target, Missing: *missing, Secrets: req.Secrets})
-		fmt.Fprint(stdout, rep)
-		if err != nil {
-			fmt.Fprintf(stderr, "snapmeta: %v\n", err)
-			return 1
-		}
-		if !rep.OK() {
-			return 1
-		}
-		return 0
-	}
+	return 0
+}
 
+// list streams the allocated or changed blocks, prints them as they come,
+// and ends with a summary; on an error, it says where to resume.
+func list(ctx context.Context, conn *grpc.ClientConn, o options, stdout, stderr io.Writer) int {
 	out := bufio.NewWriter(stdout)
 	defer out.Flush()
-	w := newWriter(*format, out)
+	w := newWriter(o.format, out)
 	var capacity, next atomic.Int64
-	if *progress {
+	if o.progress {
 		done := make(chan struct{})
 		defer close(done)
 		go report(stderr, &next, &capacity, done)
 	}
 	began := time.Now()
-	p, err := client.New(conn).Stream(ctx, req, func(pg client.Page) error {
+	p, err := client.New(conn).Stream(ctx, o.req, func(pg client.Page) error {
 		capacity.Store(pg.Capacity)
 		w.typ, w.capacity = pg.Type.String(), pg.Capacity
 		for _, e := range pg.Extents {
@@ -146,7 +175,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "snapmeta: %v\nsnapmeta: stopped at byte %d after %s; resume with --starting-offset %d\n", err, p.Next, summary, p.Next)
 		return 1
 	}
-	if *format == "table" {
+	if o.format == "table" {
 		fmt.Fprintf(out, "total: %s\n", summary)
 	} else {
 		fmt.Fprintf(stderr, "total: %s\n", summary)

@@ -1,6 +1,9 @@
 //go:build e2e
 
-package e2e
+package oracle
+
+// The "concurrent removal" scenario: a snapshot removed, and purged by
+// the OSDs, while Deltas to or from it run in every mode.
 
 import (
 	"context"
@@ -13,29 +16,30 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/harness"
 	rsm "github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd"
 )
 
-// removeDuring is the "concurrent removal" kind of TestPreciseOracle's
+// RemoveDuring is the "concurrent removal" kind of TestPreciseOracle's
 // histories (issue 20): once the queries are checked, a Delta between two
 // random snapshots of the last image runs in every mode at once, each
 // stopped at its first extent; then the base or the target (at random) is
 // removed and the OSDs purge it, and the Deltas go on. Each must fail with
 // fs.ErrNotExist (NOT_FOUND) or give every changed byte.
-func (w *preciseWorkload) removeDuring(srcs map[string]*rsm.Source, tot *preciseTotals) {
-	t := w.t
+func (w *Workload) RemoveDuring(srcs map[string]*rsm.Source, tot *Totals) {
+	t := w.T
 	if !w.removing {
 		return
 	}
-	p := w.images[len(w.images)-1]
-	i := w.rng.IntN(len(p.snaps) - 1)
-	base, target := p.snaps[i], p.snaps[i+1+w.rng.IntN(len(p.snaps)-1-i)]
-	gone := []string{base, target}[w.rng.IntN(2)]
-	w.logf("concurrent removal of %s under Delta %s..%s", gone, base, target)
+	p := w.Images[len(w.Images)-1]
+	i := w.Rng.IntN(len(p.Snaps) - 1)
+	base, target := p.Snaps[i], p.Snaps[i+1+w.Rng.IntN(len(p.Snaps)-1-i)]
+	gone := []string{base, target}[w.Rng.IntN(2)]
+	w.Logf("concurrent removal of %s under Delta %s..%s", gone, base, target)
 
 	type run struct {
 		mode string
-		got  []preciseExtent
+		got  []Extent
 		err  error
 	}
 	var (
@@ -44,12 +48,12 @@ func (w *preciseWorkload) removeDuring(srcs map[string]*rsm.Source, tot *precise
 		stalled sync.WaitGroup
 		release = make(chan struct{})
 	)
-	for _, m := range preciseModes {
-		d, err := srcs[m.name].Open(context.Background(), w.request(p, base, target))
+	for _, m := range Modes {
+		d, err := srcs[m.Name].Open(context.Background(), w.request(p, base, target))
 		if err != nil {
-			t.Fatalf("%s: open %s..%s: %v", m.name, base, target, err)
+			t.Fatalf("%s: open %s..%s: %v", m.Name, base, target, err)
 		}
-		r := &run{mode: m.name}
+		r := &run{mode: m.Name}
 		runs = append(runs, r)
 		wg.Add(1)
 		stalled.Add(1)
@@ -63,7 +67,7 @@ func (w *preciseWorkload) removeDuring(srcs map[string]*rsm.Source, tot *precise
 					stalled.Done()
 					<-release
 				}
-				r.got = append(r.got, preciseExtent{off, length})
+				r.got = append(r.got, Extent{off, length})
 				return nil
 			})
 			if first {
@@ -72,28 +76,28 @@ func (w *preciseWorkload) removeDuring(srcs map[string]*rsm.Source, tot *precise
 		}()
 	}
 	stalled.Wait()
-	id, err := p.img.GetSnapID(gone)
+	id, err := p.Img.GetSnapID(gone)
 	if err != nil {
-		t.Fatalf("ID of %s@%s: %v", p.name, gone, err)
+		t.Fatalf("ID of %s@%s: %v", p.Name, gone, err)
 	}
-	st, err := p.img.Stat()
+	st, err := p.Img.Stat()
 	if err != nil {
 		t.Fatal(err)
 	}
 	// The objects read last: those the trim must reach before they are.
-	objs := imageObjects(t, w.ns, st.Block_name_prefix, 4)
-	if err := p.img.GetSnapshot(gone).Remove(); err != nil {
-		t.Fatalf("remove %s@%s: %v", p.name, gone, err)
+	objs := imageObjects(t, w.NS, st.Block_name_prefix, 4)
+	if err := p.Img.GetSnapshot(gone).Remove(); err != nil {
+		t.Fatalf("remove %s@%s: %v", p.Name, gone, err)
 	}
-	p.snaps = slices.DeleteFunc(p.snaps, func(s string) bool { return s == gone })
-	w.logf("snapshot %d trimmed in %v", id, waitTrimmed(t, w.ns, id, objs...))
+	p.Snaps = slices.DeleteFunc(p.Snaps, func(s string) bool { return s == gone })
+	w.Logf("snapshot %d trimmed in %v", id, harness.WaitTrimmed(t, w.NS, id, objs...))
 	close(release)
 	wg.Wait()
 
 	tot.removals++
 	before, after := w.data[base], w.data[target]
 	for _, r := range runs {
-		what := fmt.Sprintf("%s %s..%s of %s, %s removed meanwhile", r.mode, base, target, p.name, gone)
+		what := fmt.Sprintf("%s %s..%s of %s, %s removed meanwhile", r.mode, base, target, p.Name, gone)
 		switch {
 		case errors.Is(r.err, fs.ErrNotExist):
 			tot.remRefused++
@@ -104,7 +108,7 @@ func (w *preciseWorkload) removeDuring(srcs map[string]*rsm.Source, tot *precise
 			t.Errorf("%s: %v, want fs.ErrNotExist (NOT_FOUND) or every changed byte", what, r.err)
 		default:
 			tot.remAnswered++
-			missed, first := preciseMissed(before, after, r.got, 0)
+			missed, first := Missed(before, after, r.got, 0)
 			tot.remMissed += missed
 			if missed != 0 {
 				t.Errorf("%s: succeeded but missed %d bytes (first at %d); reported %v", what, missed, first, r.got)
@@ -118,7 +122,7 @@ func (w *preciseWorkload) removeDuring(srcs map[string]*rsm.Source, tot *precise
 // prefix, in namespace ns of the test pool.
 func imageObjects(t *testing.T, ns, prefix string, n int) []string {
 	t.Helper()
-	args := []string{"-p", pool}
+	args := []string{"-p", harness.Pool}
 	if ns != "" {
 		args = append(args, "-N", ns)
 	}
