@@ -178,9 +178,6 @@ func Wrap(what string, err error) error {
 	return fmt.Errorf("%s: %w", what, Classify(err))
 }
 
-// IsNotExist reports whether err carries ENOENT.
-func IsNotExist(err error) bool { return Errno(err) == int(syscall.ENOENT) }
-
 // IsNotSupported reports whether err carries EOPNOTSUPP.
 func IsNotSupported(err error) bool { return Errno(err) == int(syscall.EOPNOTSUPP) }
 
