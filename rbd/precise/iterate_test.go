@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -196,5 +197,42 @@ func TestIterateErrors(t *testing.T) {
 	d = &fakeDiffer{err: boom}
 	if err := r.Iterate(context.Background(), d, 0, 1000, func(int64, int64) error { return nil }); err != boom || len(d.asked) != 1 {
 		t.Errorf("listing the base failing: %v after %d queries, want %v after 1", err, len(d.asked), boom)
+	}
+}
+
+// TestIteratePanicEndsJobs: emit panicking (a bug of the caller) either
+// fails Iterate (emit called from the diff's callback, where the pipeline
+// turns the panic into an error) or unwinds through it (emit called once
+// the diff returned); either way, no refinement outlives Iterate: the image
+// handles they read are closed right after (Refiner.Close).
+func TestIteratePanicEndsJobs(t *testing.T) {
+	for range 50 {
+		r, _ := watched(false)
+		var live sync.Map
+		r.refineHook = func(ctx context.Context, c candidate) ([]span, error) {
+			live.Store(c.off, true)
+			defer live.Delete(c.off)
+			if c.off > 0 {
+				<-ctx.Done() // still refining when the panic comes
+				return nil, ctx.Err()
+			}
+			return []span{{c.off, 10}}, nil
+		}
+		d := &fakeDiffer{answers: map[[2]uint64][]object{{20, 0}: {{0, 1000, true}}}}
+		func() {
+			defer func() {
+				if v := recover(); v != nil && v != "emit bug" {
+					t.Errorf("recovered %v, want the panic of emit", v)
+				}
+			}()
+			err := r.Iterate(context.Background(), d, 0, 1000, func(int64, int64) error { panic("emit bug") })
+			if err == nil || !strings.Contains(err.Error(), "emit bug") {
+				t.Errorf("Iterate returned %v, want the panic of emit", err)
+			}
+		}()
+		live.Range(func(k, _ any) bool {
+			t.Fatalf("the refinement of %v still runs after Iterate ended", k)
+			return true
+		})
 	}
 }

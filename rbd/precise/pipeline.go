@@ -322,6 +322,16 @@ func (p *pipeline) run(c candidate) ([]span, error) {
 	return clip(normalize(out), c.off, c.off+c.len), nil
 }
 
+// release cancels the jobs' context and waits for every job. finish ends
+// with it; Iterate also defers it, so that no job outlives Iterate when
+// emit panics (the panic goes on once the jobs ended): the jobs read
+// image handles that the caller closes next, and hold refinement slots.
+// It may run more than once.
+func (p *pipeline) release() {
+	p.cancel()
+	p.wg.Wait()
+}
+
 // finish ends the pipeline after librbd returned err: when the diff
 // completed, it delivers the rest of the window; in every case it cancels
 // and waits for the jobs. It returns the context error that stopped the
@@ -336,8 +346,7 @@ func (p *pipeline) finish(err error) error {
 	for err == nil && !p.stopped && len(p.window) > 0 {
 		p.deliver(true)
 	}
-	p.cancel()
-	p.wg.Wait()
+	p.release()
 	p.window = nil
 	if p.err != nil {
 		return p.err

@@ -403,6 +403,7 @@ func (r *Refiner) Iterate(ctx context.Context, differ Differ, off, length int64,
 	if r.unmapped {
 		// No usable object map: precise mode lists the objects itself.
 		pipe := r.pipeline(ctx, off, length, nil, emit)
+		defer pipe.release()
 		rs, err := r.walkRanges(ctx, off, off+length)
 		if err == nil {
 			pipe.every(rs)
@@ -423,6 +424,7 @@ func (r *Refiner) Iterate(ctx context.Context, differ Differ, off, length int64,
 		}
 	}
 	pipe := r.pipeline(ctx, off, length, existing, emit)
+	defer pipe.release()
 	return pipe.finish(differ.DiffObjects(ctx, q, pipe.feed))
 }
 
