@@ -39,10 +39,10 @@
 // snapshots as Ceph-CSI does; StartServer runs the released binary on a
 // socket and Server.Get calls its RPCs with the raw CSI client, with
 // CheckStream for the spec's stream invariants; RbdDiffOf and
-// ChangedBytes are the references; StartInProc, StartProc, PauseDaemon,
-// KillOSD and SlowReader make the faults. Every helper takes the test
-// first, fails it on its own errors, and undoes what it made when the test
-// ends. A helper that one file uses stays in that file.
+// ChangedBytes are the references; StartInProc, StartProc, PauseOSD,
+// PauseDaemon, KillOSD and SlowReader make the faults. Every helper takes
+// the test first, fails it on its own errors, and undoes what it made when
+// the test ends. A helper that one file uses stays in that file.
 //
 // The package e2e/oracle is precise mode's byte oracle, built on the
 // harness: random histories on real images made of named scenarios

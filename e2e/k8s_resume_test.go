@@ -48,7 +48,7 @@ func TestK8sSidecarResume(t *testing.T) {
 	waitFor(t, "the lister's stream at our server", time.Minute, func() bool {
 		return strings.Count(srv.Log(), `"Sending page"`) > sent
 	})
-	osdOutage(t, harness.PauseDaemon(t, "osd.0"))
+	harness.PauseOSD(t).Outage(relOutage)
 	back := time.Now()
 	var l listed
 	select {

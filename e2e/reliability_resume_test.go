@@ -37,25 +37,6 @@ const (
 	relShortBudget = 5 * time.Second
 )
 
-// osdOutage lets the stopped OSD stay stopped for relOutage, then
-// continues it (resume). On a real cluster the OSD's peers report an OSD
-// that stops answering, and the monitors mark it down after
-// osd_heartbeat_grace (20 s); with the harness's single OSD nobody does, and
-// after a stop of 10 s or more its PGs can stay laggy, reads waiting
-// ("waiting for readable") for minutes after it continues: every read of
-// the PG that holds rbd_info, which every image open reads, then times out
-// while the other PGs serve (the symptom of issue 23 on main). So the test
-// marks it down as its peers would have, 5 s before it continues.
-func osdOutage(t *testing.T, resume func()) {
-	time.Sleep(relOutage - 5*time.Second)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	out, err := exec.CommandContext(ctx, "ceph", "--connect-timeout", "20", "osd", "down", "0").CombinedOutput()
-	cancel()
-	t.Logf("ceph osd down 0, as its peers would have: %v %s", err, strings.TrimSpace(string(out)))
-	time.Sleep(5 * time.Second)
-	resume()
-}
-
 // resumeStream is one stream of TestReliabilityResume.
 type resumeStream struct {
 	name   string
@@ -150,7 +131,7 @@ func TestReliabilityResume(t *testing.T) {
 		t.Fatalf("the stream to cancel: first page: %v", err)
 	}
 	time.Sleep(500 * time.Millisecond)
-	resume := harness.PauseDaemon(t, "osd.0")
+	osd := harness.PauseOSD(t)
 	t0 := time.Now()
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -174,7 +155,7 @@ func TestReliabilityResume(t *testing.T) {
 			s.readToEnd()
 		}()
 	}
-	osdOutage(t, resume)
+	osd.Outage(relOutage)
 	back := time.Now()
 	wg.Wait()
 	t.Logf("OSD stopped for %v; all streams ended %v after it came back", back.Sub(t0).Round(time.Millisecond), time.Since(back).Round(time.Millisecond))

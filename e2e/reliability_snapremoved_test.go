@@ -71,7 +71,7 @@ func TestReliabilityResumeSnapRemoved(t *testing.T) {
 		streams = append(streams, s)
 	}
 	time.Sleep(500 * time.Millisecond)
-	resume := harness.PauseDaemon(t, "osd.0")
+	osd := harness.PauseOSD(t)
 	t0 := time.Now()
 
 	// The removal, started during the outage: it waits for the OSD.
@@ -110,7 +110,7 @@ func TestReliabilityResumeSnapRemoved(t *testing.T) {
 			}
 		}()
 	}
-	osdOutage(t, resume)
+	osd.Outage(relOutage)
 	back := time.Now()
 	close(cont)
 	wg.Wait()

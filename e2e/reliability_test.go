@@ -52,7 +52,7 @@ func TestReliabilityFaults(t *testing.T) {
 	t.Run("server-killed", func(t *testing.T) { relServerKilled(t, v) })
 	for _, mode := range []string{"exact", "precise"} {
 		t.Run("osd-sigstop/"+mode, func(t *testing.T) {
-			relOSDFault(t, v, mode, func(t *testing.T) func() { return harness.PauseDaemon(t, "osd.0") })
+			relOSDFault(t, v, mode, func(t *testing.T) func() { return harness.PauseOSD(t).Resume })
 		})
 	}
 	// The OSD killed and restarted (as cluster.sh starts it: harness.KillOSD).
@@ -140,7 +140,8 @@ func relOSDFault(t *testing.T, v harness.RbdVolume, mode string, fault func(*tes
 	undo()
 	harness.WaitClusterIO(t)
 	// The same server, its cached connection, must answer again once the
-	// OSD is back: librados learns the OSD's new address from the monitor.
+	// OSD is back: librados learns from the monitor that the OSD is up
+	// again (marked down and booted again, or restarted).
 	t1 := time.Now()
 	for attempt := 1; ; attempt++ {
 		failed := false
@@ -169,8 +170,8 @@ func relOSDFault(t *testing.T, v harness.RbdVolume, mode string, fault func(*tes
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			m := srv.Call(ctx, q)
 			cancel()
-			t.Fatalf("the server still fails 30 s after the OSD came back; through a new connection (user admin): %d tuples, %v",
-				len(m.Tuples()), m.Err)
+			t.Fatalf("the server still fails 30 s after the OSD came back; through a new connection (user admin): %d tuples, %v\n%s",
+				len(m.Tuples()), m.Err, harness.ClusterState(t))
 		}
 		time.Sleep(time.Second)
 	}
