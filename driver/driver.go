@@ -56,7 +56,8 @@ type Options struct {
 	StallTimeout time.Duration
 	// ResumeBudget is how long, in all, one stream may spend re-opening
 	// its diff after errors that go away by themselves (see Source), in
-	// backoffs and re-opens, before it ends with UNAVAILABLE. 0: such an
+	// backoffs and re-opens, before it ends with UNAVAILABLE; a request's
+	// first open is retried within it too (see Source). 0: such an
 	// error ends the stream at once, with UNAVAILABLE.
 	ResumeBudget time.Duration
 	// NewBackOff makes the backoff between the re-opens of one stream.

@@ -27,7 +27,8 @@ import (
 // same tuples as from an uninterrupted diff: the snapshots are immutable,
 // and a Diff that reports a unit (an RBD object) differently when started
 // inside it says where to restart (Resumer), the pager dropping what it
-// already received.
+// already received. A request's first open that fails so is retried the
+// same way, before any page (open), unless the monitors gave no session.
 //
 // What ends the stream anyway: an error that does not go away (NOT_FOUND,
 // PERMISSION_DENIED, UNAUTHENTICATED, INVALID_ARGUMENT, ...) at once, also
@@ -125,13 +126,80 @@ func (r *streamRun) final(ctx context.Context, err error) bool {
 	return r.d.opts.ResumeBudget <= 0 || ctx.Err() != nil || r.addErr != nil || !temporary(err)
 }
 
-// reopen closes the failed diff and opens the snapshots again, backing
-// off between attempts, until one succeeds, an error that lasts comes,
-// ctx is done, the client stalls or fails, or the budget is spent.
+// open opens the stream's first diff. An open that fails with a
+// temporary error (a backup that starts during an OSD outage, say) is
+// tried again, backing off, within the budget, as a re-open is: failing at
+// once would make the client's backup a full one. Not when the monitors
+// gave no session (see Source). It is counted and logged as a resume.
+func (r *streamRun) open(ctx context.Context) error {
+	diff, err := r.d.src.Open(ctx, r.req)
+	if err == nil {
+		r.diff = diff
+		return nil
+	}
+	if r.d.opts.ResumeBudget <= 0 || ctx.Err() != nil || !temporary(err) || noSession(err) {
+		return err
+	}
+	cause, failed := err, time.Now()
+	if err := r.retryOpen(ctx, cause, sleep, nil); err != nil {
+		r.observeResume(cause, time.Since(failed), false)
+		return err
+	}
+	r.resumes++
+	r.observeResume(cause, time.Since(failed), true)
+	klog.FromContext(ctx).V(2).Info("Resumed stream", "offset", r.start, "diffFrom", r.start,
+		"reason", resumeReason(cause), "took", time.Since(failed), "resumes", r.resumes, "err", cause)
+	return nil
+}
+
+// noSession reports whether err says the cluster's monitors gave no
+// session (see Source).
+func noSession(err error) bool {
+	var ns interface{ NoSession() bool }
+	return errors.As(err, &ns) && ns.NoSession()
+}
+
+// sleep waits for d, or until ctx is done: the backoff of a first open,
+// before any page.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// reopen closes the failed diff and opens the snapshots again (retryOpen),
+// waiting with the sender, which watches the client meanwhile. The new
+// diff must read what the first one read.
 func (r *streamRun) reopen(ctx context.Context, cause error) error {
+	r.closeDiff(ctx)
+	return r.retryOpen(ctx, cause, r.snd.pause, r.sameAsFirst)
+}
+
+// sameAsFirst checks that a re-opened diff reads the first one's
+// snapshots.
+func (r *streamRun) sameAsFirst(diff Diff) error {
+	switch {
+	case diff.Capacity() != r.capacity:
+		return fmt.Errorf(msgCapacityChanged, r.capacity, diff.Capacity())
+	case lineageOf(diff) != r.lineage:
+		return errLineageChanged{}
+	}
+	return nil
+}
+
+// retryOpen opens the snapshots again, pausing with pause between
+// attempts, until one succeeds and check (when set) accepts it, an error
+// that lasts comes, ctx is done, pause fails (the client stalls or
+// fails), or the budget is spent. The time it takes counts against the
+// stream's budget.
+func (r *streamRun) retryOpen(ctx context.Context, cause error, pause func(context.Context, time.Duration) error, check func(Diff) error) error {
 	began := time.Now()
 	defer func() { r.resuming += time.Since(began) }()
-	r.closeDiff(ctx)
 	newBackOff := r.d.opts.NewBackOff
 	if newBackOff == nil {
 		newBackOff = defaultBackOff
@@ -148,23 +216,20 @@ func (r *streamRun) reopen(ctx context.Context, cause error) error {
 		if wait == backoff.Stop || wait > left {
 			wait = left
 		}
-		if err := r.snd.pause(ctx, wait); err != nil {
+		if err := pause(ctx, wait); err != nil {
 			return err
 		}
 		attempts++
 		diff, err := r.d.src.Open(ctx, r.req)
 		switch {
-		case err == nil && diff.Capacity() != r.capacity:
-			c := diff.Capacity()
-			if cerr := diff.Close(); cerr != nil {
-				klog.FromContext(ctx).V(4).Info("Closing a re-opened diff failed", "err", cerr)
+		case err == nil && check != nil:
+			if err := check(diff); err != nil {
+				if cerr := diff.Close(); cerr != nil {
+					klog.FromContext(ctx).V(4).Info("Closing a re-opened diff failed", "err", cerr)
+				}
+				return err
 			}
-			return fmt.Errorf(msgCapacityChanged, r.capacity, c)
-		case err == nil && lineageOf(diff) != r.lineage:
-			if cerr := diff.Close(); cerr != nil {
-				klog.FromContext(ctx).V(4).Info("Closing a re-opened diff failed", "err", cerr)
-			}
-			return errLineageChanged{}
+			fallthrough
 		case err == nil:
 			r.diff = diff
 			return nil

@@ -509,3 +509,65 @@ func (r *codeRecorder) code() codes.Code {
 	}
 	return codes.Unknown
 }
+
+// noSessionError is a Source's error when the monitors gave no session.
+type noSessionError struct{ drivertest.TemporaryError }
+
+func (noSessionError) NoSession() bool { return true }
+
+// TestResumeFirstOpen: a request whose first open fails with a temporary
+// error (a backup that starts during an OSD outage) is opened again within
+// the budget and answered in full, counted as a resume; one whose monitors
+// gave no session, one with no budget, and one whose retries meet a lasting
+// error end at once with their code.
+func TestResumeFirstOpen(t *testing.T) {
+	temp := drivertest.TemporaryError{Why: "timeout"}
+	for _, tc := range []struct {
+		name     string
+		budget   time.Duration
+		fails    []error // the first opens' errors, in turn
+		wantCode codes.Code
+		opens    int
+		resumes  int
+	}{
+		{"outage", time.Minute, []error{temp, temp, temp}, codes.OK, 4, 1},
+		{"no session", time.Minute, []error{noSessionError{temp}}, codes.Unavailable, 1, 0},
+		{"no budget", 0, []error{temp}, codes.Unavailable, 1, 0},
+		{"budget spent", 300 * time.Millisecond, []error{temp, temp, temp, temp, temp, temp, temp, temp, temp, temp}, codes.Unavailable, 3, 0},
+		{"removed meanwhile", time.Minute, []error{temp, fmt.Errorf("snapshot: %w", fs.ErrNotExist)}, codes.NotFound, 2, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			src, ext := bigVolume(100)
+			src.OpenHook = func(_ context.Context, n int) error {
+				if n < len(tc.fails) {
+					return tc.fails[n]
+				}
+				return nil
+			}
+			rec := &resumeRecorder{}
+			d, err := driver.New(src, driver.Options{Name: "x", BlockMetadataType: csi.BlockMetadataType_VARIABLE_LENGTH, ResumeBudget: tc.budget,
+				NewBackOff: func() backoff.BackOff { return backoff.NewConstantBackOff(100 * time.Millisecond) }, Observer: rec})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r, err := allocated(t, serve(t, d), &csi.GetMetadataAllocatedRequest{SnapshotId: "big", MaxResults: 10})
+			if status.Code(err) != tc.wantCode {
+				t.Fatalf("got %v, want %v", err, tc.wantCode)
+			}
+			if tc.wantCode == codes.OK {
+				if d := cmp.Diff(ext, r.tuples); d != "" {
+					t.Errorf("the answer differs from the volume's extents (-want +got):\n%s", d)
+				}
+			} else if len(r.tuples) != 0 {
+				t.Errorf("%d tuples before %v", len(r.tuples), err)
+			}
+			if got := src.OpenCalls(); got < tc.opens || tc.wantCode != codes.Unavailable && got != tc.opens {
+				t.Errorf("%d opens, want %d", got, tc.opens)
+			}
+			if got := rec.count(); got != tc.resumes {
+				t.Errorf("%d resumes observed, want %d", got, tc.resumes)
+			}
+			waitClosed(t, src)
+		})
+	}
+}

@@ -81,7 +81,7 @@ func (d *Driver) stream(ctx context.Context, method string, req OpenRequest, sta
 		return err
 	}
 	r := &streamRun{d: d, method: method, req: req, start: start}
-	if r.diff, err = d.src.Open(ctx, req); err != nil {
+	if err := r.open(ctx); err != nil {
 		return toStatus(err)
 	}
 	defer func() {

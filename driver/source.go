@@ -44,6 +44,15 @@ import (
 // have a method Reason() string: a short, fixed label for the metric of
 // resumes ("timeout", "connection reset"); never a name or an ID.
 //
+// A temporary error from the first Open of a request is retried the same
+// way, within the same budget (a backup that starts during an OSD outage
+// then gets its answer, not an error that its tool turns into a full
+// backup), unless it has a method NoSession() bool returning true: the
+// cluster's monitors gave no session (unreachable, or no quorum). That
+// ends the request with UNAVAILABLE at once: nothing shows those monitors
+// ever answered, and a wrong monitor list, the usual cause, must be seen
+// at once, not after the budget.
+//
 // Context errors map to CANCELLED or DEADLINE_EXCEEDED; anything else is
 // INTERNAL. Error texts reach the client, so they must never contain secrets.
 type Source interface {

@@ -43,8 +43,9 @@ func TestK8sSidecarResume(t *testing.T) {
 		out, err := k.lister(t, k8sBackupSA, "-s", "big-s2", "-p", "big-s1", "-max-results", "1")
 		done <- listed{out, err}
 	}()
-	// Stop the OSD as soon as our server sends the stream's pages: a
-	// stream whose first open fails is not resumed (UNAVAILABLE at once).
+	// Stop the OSD as soon as our server sends the stream's pages: this
+	// test is about a stream resumed in the middle (a request whose first
+	// open fails is retried too: TestReliabilityResume).
 	waitFor(t, "the lister's stream at our server", time.Minute, func() bool {
 		return strings.Count(srv.Log(), `"Sending page"`) > sent
 	})

@@ -44,6 +44,7 @@ type resumeStream struct {
 	q      harness.MetaReq
 	want   []harness.Span
 	giveUp bool // its server's budget is shorter than the outage
+	late   bool // requested during the outage: its first open fails
 
 	recv  func() (harness.MetaResponse, error)
 	got   []harness.Span
@@ -66,8 +67,9 @@ func (s *resumeStream) readToEnd() {
 
 // TestReliabilityResume stops the OSD for relOutage in the middle of
 // concurrent streams: exact and precise, VARIABLE_LENGTH and FIXED_LENGTH,
-// Allocated and Delta, pages of 1 and 3 tuples. Each must end OK with the
-// tuples of an uninterrupted stream; a server whose budget is shorter than
+// Allocated and Delta, pages of 1 and 3 tuples, and a Delta requested
+// during the outage (a backup that starts then: its first open fails).
+// Each must end OK with the tuples of an uninterrupted stream; a server whose budget is shorter than
 // the outage must end its stream UNAVAILABLE within its budget plus one op
 // timeout and one backoff; every server answers at once after the outage.
 func TestReliabilityResume(t *testing.T) {
@@ -95,6 +97,12 @@ func TestReliabilityResume(t *testing.T) {
 			srv := harness.StartServer(t, append(base, "--precision="+mode, "--block-metadata-type", typ, "--metrics-address="+addr)...)
 			metrics[srv] = addr
 			add(mode+"/"+typ, srv, false)
+			if mode == "exact" && typ == "VARIABLE_LENGTH" {
+				q := harness.MetaReq{Base: v.ID("s1"), Target: v.ID("s2"), Max: 100}
+				want := srv.Get(t, q).Tuples()
+				q.Secrets = harness.CSISecrets(t)
+				streams = append(streams, &resumeStream{name: "late/" + q.String(), srv: srv, q: q, want: want, late: true})
+			}
 		}
 	}
 	short := harness.StartServer(t, append(base, "--precision=exact", "--resume-budget="+relShortBudget.String())...)
@@ -106,6 +114,9 @@ func TestReliabilityResume(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute) // a hang guard
 	defer cancel()
 	for _, s := range streams {
+		if s.late {
+			continue
+		}
 		// A connection of its own with a fixed 64 KiB window and small
 		// pages: the diff waits in the middle of the image, with Ceph
 		// work left, when the fault comes (see relOSDFault).
@@ -152,6 +163,14 @@ func TestReliabilityResume(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			if s.late {
+				time.Sleep(time.Second)
+				var err error
+				if s.recv, err = harness.SlowReader(t, s.srv.Sock).Open(ctx, s.q); err != nil {
+					s.err, s.ended = err, time.Now()
+					return
+				}
+			}
 			s.readToEnd()
 		}()
 	}
@@ -176,7 +195,10 @@ func TestReliabilityResume(t *testing.T) {
 			continue
 		}
 		t.Logf("%s: %d tuples, %v, ended %v after the fault (%v after the OSD came back)", s.name, len(s.got), s.err, took, s.ended.Sub(back).Round(time.Millisecond))
-		if s.ended.Before(back) {
+		switch {
+		case s.late && s.ended.Before(back):
+			t.Errorf("%s: requested during the outage, it ended before the OSD came back", s.name)
+		case s.ended.Before(back):
 			t.Logf("%s: ended before the OSD came back: its diff had no Ceph work left; it proves nothing", s.name)
 		}
 		if !errors.Is(s.err, io.EOF) {

@@ -132,7 +132,7 @@ func parseFlags(args []string) (*flags, error) {
 	fs.DurationVar(&f.grace, "grace-period", 30*time.Second, "on SIGTERM, how long running streams may finish")
 	fs.IntVar(&f.maxStreams, "max-streams", defaultMaxStreams, "how many GetMetadataAllocated/GetMetadataDelta streams are served at once; more are refused with ABORTED (0: no limit)")
 	fs.DurationVar(&f.stall, "stall-timeout", 5*time.Minute, "a stream whose client takes no page for this long ends with DEADLINE_EXCEEDED, releasing its image and thread (0: never)")
-	fs.DurationVar(&f.resume, "resume-budget", defaultResumeBudget, "how long in all a stream may spend re-opening its diff after errors that go away by themselves (an OSD or monitor that did not answer in time, a reset connection), backing off, before it ends with UNAVAILABLE; the stream then goes on from where it stopped (0: such errors end the stream at once)")
+	fs.DurationVar(&f.resume, "resume-budget", defaultResumeBudget, "how long in all a stream may spend re-opening its diff after errors that go away by themselves (an OSD or monitor that did not answer in time, a reset connection), backing off, before it ends with UNAVAILABLE; the stream then goes on from where it stopped; a request's first open is retried so too, unless the monitors gave no session (0: such errors end the stream at once)")
 	fs.StringVar(&f.metricsAddr, "metrics-address", "", "host:port to serve Prometheus /metrics on (empty: off)")
 	fs.BoolVar(&f.showVersion, "version", false, "print the version and exit")
 	klog.InitFlags(fs)

@@ -73,8 +73,20 @@ func connect(p Params, t Timeouts) (*rados.Conn, error) {
 	return conn, nil
 }
 
+// noSession marks an error of rados_connect: the monitors gave no
+// session. The driver retries a request's first open after temporary
+// errors, but not after these (driver.Source).
+type noSession struct{ error }
+
+func (e noSession) Unwrap() error   { return e.error }
+func (e noSession) NoSession() bool { return true }
+
 // connectError classifies a failed rados_connect.
 func connectError(p Params, t Timeouts, err error) error {
+	return noSession{classifyConnect(p, t, err)}
+}
+
+func classifyConnect(p Params, t Timeouts, err error) error {
 	// Not the user's name: it comes from the request's secrets.
 	what := "connect to monitors " + p.MonHost
 	n := cepherr.Errno(err)

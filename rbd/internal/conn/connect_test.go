@@ -92,6 +92,11 @@ func TestConnectErrorClassifies(t *testing.T) {
 		if !strings.Contains(err.Error(), tc.text) {
 			t.Errorf("%s: %q does not mention %q", tc.name, err, tc.text)
 		}
+		// Every failed connect: the driver does not retry a first open.
+		var ns interface{ NoSession() bool }
+		if !errors.As(err, &ns) || !ns.NoSession() {
+			t.Errorf("%s: %v has no NoSession() true", tc.name, err)
+		}
 		// The user's name comes from the request's secrets: not in errors.
 		if strings.Contains(err.Error(), p.User) {
 			t.Errorf("%s: %q names the cephx user %q", tc.name, err, p.User)
