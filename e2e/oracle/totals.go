@@ -1,0 +1,158 @@
+//go:build e2e
+
+package oracle
+
+// The totals of the oracle's queries, per mode and per kind of history,
+// and the table TestPreciseOracle prints.
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/harness"
+)
+
+// Tally sums one mode over many queries.
+type Tally struct {
+	reported, missed int64
+	dur              time.Duration
+	// Reported bytes that did not change: zero on both sides (written
+	// zeros, zeroed zeros), or the same data (rewritten unchanged).
+	zeros, same int64
+}
+
+// Totals sums the queries of many histories: per mode, per kind of history,
+// and from offsets inside objects, for the oracle's table.
+type Totals struct {
+	Truth     [2]int64 // 4 KiB-block changed bytes: allocated, delta
+	exact     [2]int64 // byte-exact changed bytes
+	Queries   [2]int
+	Modes     map[string]*[2]Tally
+	histories int // within a kind
+	// checksummed counts precise mode's object queries answered by
+	// checksums (a pool that refuses mapext: EC).
+	Checksummed int64
+
+	kinds   map[string]*Totals // per kind of history
+	offsets map[string]*preciseOffsetTally
+	// Images prepared for migration, and their queries per mode: refused
+	// (FAILED_PRECONDITION) or answered, with the bytes missed.
+	migrations, migRefused, migAnswered int
+	migMissed                           int64
+	// Concurrent removals: Deltas whose base or target went while they
+	// ran, per mode, refused (NOT_FOUND) or answered, with the bytes
+	// missed.
+	removals, remRefused, remAnswered int
+	remMissed                         int64
+}
+
+// preciseOffsetTally sums one mode's Iterate calls from an offset inside
+// an object.
+type preciseOffsetTally struct {
+	queries                 int
+	truth, reported, missed int64 // after the offset; truth in 4 KiB blocks
+	startsBefore, differs   int
+}
+
+// NewTotals returns empty totals, with a row for each of Modes.
+func NewTotals() *Totals {
+	tot := &Totals{Modes: map[string]*[2]Tally{}, offsets: map[string]*preciseOffsetTally{}}
+	for _, m := range Modes {
+		tot.Modes[m.Name] = &[2]Tally{}
+		tot.offsets[m.Name] = &preciseOffsetTally{}
+	}
+	return tot
+}
+
+// kind returns the totals of one kind of history, made on first use.
+func (tot *Totals) kind(k string) *Totals {
+	if tot.kinds == nil {
+		tot.kinds = map[string]*Totals{}
+	}
+	if tot.kinds[k] == nil {
+		tot.kinds[k] = NewTotals()
+	}
+	return tot.kinds[k]
+}
+
+// Table prints the totals per mode, then per kind of history, then those
+// of Iterate from an offset inside an object and of migrating images.
+func (tot *Totals) Table() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "precision over %d allocated and %d delta queries (truly changed: %s allocated, %s delta in 4 KiB blocks; %s and %s byte-exact)\n",
+		tot.Queries[0], tot.Queries[1], MiB(tot.Truth[0]), MiB(tot.Truth[1]), MiB(tot.exact[0]), MiB(tot.exact[1]))
+	if tot.Checksummed > 0 {
+		fmt.Fprintf(&b, "precise mode: %d object queries answered by checksums (the pool refuses mapext)\n", tot.Checksummed)
+	}
+	fmt.Fprintf(&b, "| mode | Allocated reported | ratio | Delta reported | ratio | missed bytes | time | reported unchanged, zeros / data (4 KiB blocks) |\n|---|---|---|---|---|---|---|---|\n")
+	for _, m := range Modes {
+		x := tot.Modes[m.Name]
+		fmt.Fprintf(&b, "| %s | %s | %.2f× | %s | %.2f× | %d | %v | %s / %s |\n", m.Name,
+			MiB(x[0].reported), float64(x[0].reported)/float64(max(tot.Truth[0], 1)),
+			MiB(x[1].reported), float64(x[1].reported)/float64(max(tot.Truth[1], 1)),
+			x[0].missed+x[1].missed, (x[0].dur + x[1].dur).Round(time.Millisecond),
+			MiB(x[0].zeros+x[1].zeros), MiB(x[0].same+x[1].same))
+	}
+	if len(tot.kinds) > 0 {
+		fmt.Fprintf(&b, "\nper kind of history (a history has several kinds): Allocated / Delta ratio, missed bytes\n| kind | histories | queries | truly changed |")
+		for _, m := range Modes {
+			fmt.Fprintf(&b, " %s |", m.Name)
+		}
+		fmt.Fprintf(&b, " precise: unchanged zeros / data |\n|---|---|---|---|%s---|\n", strings.Repeat("---|", len(Modes)))
+		for _, k := range slices.Sorted(maps.Keys(tot.kinds)) {
+			x := tot.kinds[k]
+			fmt.Fprintf(&b, "| %s | %d | %d / %d | %s / %s |", k, x.histories, x.Queries[0], x.Queries[1], MiB(x.Truth[0]), MiB(x.Truth[1]))
+			for _, m := range Modes {
+				y := x.Modes[m.Name]
+				fmt.Fprintf(&b, " %.2f× / %.2f×, %d |", float64(y[0].reported)/float64(max(x.Truth[0], 1)),
+					float64(y[1].reported)/float64(max(x.Truth[1], 1)), y[0].missed+y[1].missed)
+			}
+			y := x.Modes["precise"]
+			fmt.Fprintf(&b, " %s / %s |\n", MiB(y[0].zeros+y[1].zeros), MiB(y[0].same+y[1].same))
+		}
+	}
+	if n := tot.offsets[Modes[0].Name].queries; n > 0 {
+		fmt.Fprintf(&b, "\nIterate from a starting_offset inside an object: %d queries per mode (truly changed after the offsets: %s)\n", n, MiB(tot.offsets[Modes[0].Name].truth))
+		fmt.Fprintf(&b, "| mode | reported after the offset | ratio | missed bytes | first extent starts before the offset | differs from the offset-0 answer clipped |\n|---|---|---|---|---|---|\n")
+		for _, m := range Modes {
+			x := tot.offsets[m.Name]
+			fmt.Fprintf(&b, "| %s | %s | %.2f× | %d | %d | %d |\n", m.Name, MiB(x.reported), float64(x.reported)/float64(max(x.truth, 1)), x.missed, x.startsBefore, x.differs)
+		}
+	}
+	if tot.migrations > 0 {
+		fmt.Fprintf(&b, "\nimages prepared for migration: %d; queries refused with FAILED_PRECONDITION: %d, answered: %d (missed bytes %d)\n",
+			tot.migrations, tot.migRefused, tot.migAnswered, tot.migMissed)
+	}
+	if tot.removals > 0 {
+		fmt.Fprintf(&b, "\nsnapshots removed while a Delta of every mode ran: %d; Deltas that failed with NOT_FOUND: %d, answered: %d (missed bytes %d)\n",
+			tot.removals, tot.remRefused, tot.remAnswered, tot.remMissed)
+	}
+	return b.String()
+}
+
+// Ratios gives each mode's Allocated and Delta ratios, on one line.
+func (tot *Totals) Ratios() string {
+	var b []string
+	for _, m := range Modes {
+		x := tot.Modes[m.Name]
+		b = append(b, fmt.Sprintf("%s %.2f× / %.2f×", m.Name, float64(x[0].reported)/float64(max(tot.Truth[0], 1)), float64(x[1].reported)/float64(max(tot.Truth[1], 1))))
+	}
+	return strings.Join(b, ", ")
+}
+
+// MiB prints n bytes in MiB, two decimals.
+func MiB(n int64) string { return fmt.Sprintf("%.2f MiB", float64(n)/float64(harness.MiB)) }
+
+// Ratio is tally's reported bytes over the truth of query kind (0:
+// Allocated, 1: Delta); per, its mean time per query.
+func (tot *Totals) Ratio(x Tally, kind int) float64 {
+	return float64(x.reported) / float64(max(tot.Truth[kind], 1))
+}
+
+// Per is x's mean time per query of kind (0: Allocated, 1: Delta).
+func (tot *Totals) Per(x Tally, kind int) time.Duration {
+	return (x.dur / time.Duration(max(tot.Queries[kind], 1))).Round(time.Millisecond)
+}
