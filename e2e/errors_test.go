@@ -152,20 +152,6 @@ func rawDeltaFails(t testing.TB, srv *harness.Server, base, target string, want 
 	}
 }
 
-// wrongKey returns key with its secret changed: still a well-formed cephx
-// key, but not the user's.
-func wrongKey(t testing.TB, key string) string {
-	t.Helper()
-	b, err := base64.StdEncoding.DecodeString(key)
-	if err != nil || len(b) <= 12 {
-		t.Fatalf("CEPH_CSI_KEY is not a cephx key: %v", err)
-	}
-	for i := 12; i < len(b); i++ {
-		b[i] ^= 0x5a
-	}
-	return base64.StdEncoding.EncodeToString(b)
-}
-
 // TestWrongKey: a wrong key, or an unknown user, fails with UNAUTHENTICATED
 // (the spec's code for secrets that fail authentication) within about the
 // connect timeout, well under 30 s, over msgr v1 and msgr2 alike;
@@ -212,7 +198,7 @@ func TestWrongKey(t *testing.T) {
 	srv := harness.StartServer(t, "--ceph-connect-timeout="+connectTimeout.String(), "--clusterconfig", config)
 
 	user, key := harness.ClusterEnv(t, "CEPH_CSI_USER"), harness.ClusterEnv(t, "CEPH_CSI_KEY")
-	bad := wrongKey(t, key)
+	bad := harness.WrongKey(t, key)
 	srv.Hide = append(srv.Hide, bad)
 	badSecrets := map[string]string{"userID": user, "userKey": bad}
 	viaV2 := func(snap string) string { return "rsm-e2e-v2/rbd/" + v.Name + "@" + snap }

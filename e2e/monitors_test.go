@@ -123,7 +123,7 @@ func TestMonitorForms(t *testing.T) {
 		}
 		id := fmt.Sprintf("form%d/%s/%s@s1", i, harness.Pool, name)
 		good := secrets(f.cluster)
-		bad := map[string]string{"userID": good["userID"], "userKey": wrongKey(t, good["userKey"])}
+		bad := map[string]string{"userID": good["userID"], "userKey": harness.WrongKey(t, good["userKey"])}
 		srv.Hide = append(srv.Hide, bad["userKey"])
 		nobody := map[string]string{"userID": harness.UniqueName(t, "nobody"), "userKey": good["userKey"]}
 		for _, c := range []struct {

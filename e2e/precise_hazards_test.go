@@ -39,19 +39,6 @@ import (
 	rsm "github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd"
 )
 
-// checkHazard checks every Allocated and Delta of the workload's last image
-// in every mode, and logs the table.
-func checkHazard(t *testing.T, w *oracle.Workload, srcs map[string]*rsm.Source) {
-	t.Helper()
-	tot := oracle.NewTotals()
-	w.AllPairs = true // few snapshots, each pair chosen
-	w.Check(srcs, tot)
-	t.Log("\n" + tot.Table())
-	if t.Failed() {
-		t.Logf("history:\n%s", strings.Join(w.Log, "\n"))
-	}
-}
-
 // TestPreciseRollback: rollbacks to a snapshot older than the base copy
 // that snapshot's object map, clean bits included, over the head's, so
 // the dirty bits of the next snapshot say nothing changed.
@@ -79,7 +66,7 @@ func TestPreciseRollback(t *testing.T) {
 		w.Snap(p) // s5
 		w.Rollback(p, "s3")
 		w.Snap(p) // s6
-		checkHazard(t, w, srcs)
+		w.CheckAll(srcs)
 	})
 	t.Run("clone", func(t *testing.T) {
 		w := oracle.NewWorkload(t, ioctx, 17)
@@ -105,7 +92,7 @@ func TestPreciseRollback(t *testing.T) {
 		w.Snap(p) // s6
 		w.Rollback(p, "s1")
 		w.Snap(p) // s7: parent data again
-		checkHazard(t, w, srcs)
+		w.CheckAll(srcs)
 	})
 }
 
@@ -171,7 +158,7 @@ func TestPreciseCopyOnRead(t *testing.T) {
 			t.Fatalf("copy-on-read did not copy up %s: %v", obj, err)
 		}
 	}
-	checkHazard(t, w, srcs)
+	w.CheckAll(srcs)
 }
 
 // TestPreciseFormat1: a format 1 image names its objects rb.0.<...>.%012x;
@@ -194,7 +181,7 @@ func TestPreciseFormat1(t *testing.T) {
 			}
 			w.Images = append(w.Images, p)
 			w.History(p, 25)
-			checkHazard(t, w, srcs)
+			w.CheckAll(srcs)
 		})
 	}
 }
@@ -384,7 +371,7 @@ func TestPreciseInvalidObjectMap(t *testing.T) {
 		w.Walks = true
 		p := w.HazardImage(nil, 16*harness.MiB, 20)
 		history(w, p)
-		checkHazard(t, w, srcs)
+		w.CheckAll(srcs)
 	})
 	t.Run("clone", func(t *testing.T) {
 		w := oracle.NewWorkload(t, ioctx, 19)
@@ -396,6 +383,6 @@ func TestPreciseInvalidObjectMap(t *testing.T) {
 		w.Snap(parent)
 		p := w.HazardImage(parent, 0, 20)
 		history(w, p)
-		checkHazard(t, w, srcs)
+		w.CheckAll(srcs)
 	})
 }

@@ -91,7 +91,7 @@ func TestPreciseListing(t *testing.T) {
 				t.Fatalf("disable the object map of %s: %v", p.Name, err)
 			}
 			history(w, p, c.clone)
-			checkHazard(t, w, srcs)
+			w.CheckAll(srcs)
 		})
 	}
 }

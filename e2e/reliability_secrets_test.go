@@ -62,7 +62,7 @@ func TestReliabilitySecrets(t *testing.T) {
 	srv := harness.StartServer(t, "-v=10", "--metrics-address="+addr, "--ceph-connect-timeout=3s", "--clusterconfig", config)
 	user, key := harness.ClusterEnv(t, "CEPH_CSI_USER"), harness.ClusterEnv(t, "CEPH_CSI_KEY")
 	admin := harness.ClusterEnv(t, "CEPH_KEY")
-	bad := wrongKey(t, key)
+	bad := harness.WrongKey(t, key)
 	srv.Hide = append(srv.Hide, bad)
 	keys := []string{key, bad, admin}
 

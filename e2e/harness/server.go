@@ -9,6 +9,7 @@ package harness
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -237,6 +238,20 @@ func Tail(s string, n int) string {
 func CSISecrets(t testing.TB) map[string]string {
 	t.Helper()
 	return map[string]string{"userID": ClusterEnv(t, "CEPH_CSI_USER"), "userKey": ClusterEnv(t, "CEPH_CSI_KEY")}
+}
+
+// WrongKey returns key with its secret changed: still a well-formed cephx
+// key, but not the user's.
+func WrongKey(t testing.TB, key string) string {
+	t.Helper()
+	b, err := base64.StdEncoding.DecodeString(key)
+	if err != nil || len(b) <= 12 {
+		t.Fatalf("not a cephx key: %v", err)
+	}
+	for i := 12; i < len(b); i++ {
+		b[i] ^= 0x5a
+	}
+	return base64.StdEncoding.EncodeToString(b)
 }
 
 // ---------------------------------------------------------- calling it --
