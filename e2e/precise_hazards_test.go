@@ -191,6 +191,9 @@ func TestPreciseFormat1(t *testing.T) {
 // diffs of it report nothing. Every mode must refuse it with
 // errors.ErrUnsupported (FAILED_PRECONDITION).
 //
+// A clone whose parent is a destination (a clone of a snapshot taken
+// before the commit) must be refused too.
+//
 // The source image behind a Ceph-CSI handle cannot be in that state:
 // librbd refuses to migrate an image whose snapshots have linked clones,
 // and every Ceph-CSI snapshot is one. The test checks that refusal, and
@@ -234,6 +237,54 @@ func TestPreciseMigration(t *testing.T) {
 		id := func(snap string) string { return harness.ClusterID + "/" + harness.Pool + "/" + dst + "@" + snap }
 		refused(t, "allocated", "", id("n2"))
 		refused(t, "delta", id("n1"), id("n2"))
+	})
+
+	// A clone of a snapshot of the destination, made before the commit
+	// (librbd allows it): its parent is migrating, and its Allocated reads
+	// the parent's data through the migration.
+	t.Run("parent", func(t *testing.T) {
+		src := harness.UniqueName(t, "migrating-parent")
+		img := harness.CreateImage(t, ioctx, src, 16*harness.MiB)
+		harness.WriteAt(t, img, 0, 2*harness.MiB)
+		if err := img.Close(); err != nil {
+			t.Fatal(err)
+		}
+		dst, clone := src+"-migrated", src+"-clone"
+		harness.RbdCLI(t, "migration", "prepare", harness.Pool+"/"+src, harness.Pool+"/"+dst)
+		t.Cleanup(func() { harness.RbdCLI(t, "migration", "abort", harness.Pool+"/"+dst) })
+		harness.RbdCLI(t, "snap", "create", harness.Pool+"/"+dst+"@p")
+		t.Cleanup(func() { harness.RbdCLI(t, "snap", "rm", harness.Pool+"/"+dst+"@p") })
+		harness.RbdCLI(t, "clone", harness.Pool+"/"+dst+"@p", harness.Pool+"/"+clone)
+		t.Cleanup(func() {
+			harness.RbdCLI(t, "snap", "purge", harness.Pool+"/"+clone)
+			harness.RbdCLI(t, "rm", harness.Pool+"/"+clone)
+		})
+		cimg, err := rbd.OpenImage(ioctx, clone, rbd.NoSnapshot)
+		if err != nil {
+			t.Fatal(err)
+		}
+		harness.Snapshot(t, cimg, "c1")
+		harness.WriteAt(t, cimg, 4*harness.MiB, 128*oracle.KiB)
+		harness.Snapshot(t, cimg, "c2")
+		if err := cimg.Close(); err != nil {
+			t.Fatal(err)
+		}
+		id := func(image, snap string) string {
+			return harness.ClusterID + "/" + harness.Pool + "/" + image + "@" + snap
+		}
+		refused(t, "clone allocated", "", id(clone, "c2"))
+		refused(t, "clone delta", id(clone, "c1"), id(clone, "c2"))
+		// Its clone: the destination is now a grandparent, found by ID.
+		grand := src + "-grandchild"
+		harness.RbdCLI(t, "clone", harness.Pool+"/"+clone+"@c2", harness.Pool+"/"+grand)
+		t.Cleanup(func() {
+			harness.RbdCLI(t, "snap", "purge", harness.Pool+"/"+grand)
+			harness.RbdCLI(t, "rm", harness.Pool+"/"+grand)
+		})
+		harness.RbdCLI(t, "snap", "create", harness.Pool+"/"+grand+"@g1")
+		harness.RbdCLI(t, "snap", "create", harness.Pool+"/"+grand+"@g2")
+		refused(t, "grandchild allocated", "", id(grand, "g2"))
+		refused(t, "grandchild delta", id(grand, "g1"), id(grand, "g2"))
 	})
 
 	t.Run("ceph-csi", func(t *testing.T) {

@@ -76,7 +76,7 @@ func (d *Diff) open() error {
 		return err
 	}
 
-	if err := refuseMigrating(d.cc.Rados(), d.image, t.imageSpec(), 0); err != nil {
+	if err := refuseMigrating(d.cc.Rados(), d.image, t.imageSpec()); err != nil {
 		return err
 	}
 	if err := d.lookupSnap(t); err != nil {
@@ -117,8 +117,9 @@ func (d *Diff) open() error {
 	return nil
 }
 
-// maxCheckedDepth bounds the clone chain refuseMigrating walks: far
-// deeper than any real one (Ceph-CSI flattens at 16 by default).
+// maxCheckedDepth bounds the clone chains that refuseMigrating and the
+// lineages (lineage.go) walk: far deeper than any real one (Ceph-CSI
+// flattens at 16 by default).
 const maxCheckedDepth = 64
 
 // refuseMigrating fails with errors.ErrUnsupported when img, or an image
@@ -126,18 +127,24 @@ const maxCheckedDepth = 64
 // feature: set on both the source and the destination by `rbd migration
 // prepare`, until commit or abort). While it is set the destination's data
 // is partly still in the source, and librbd's diffs of either image leave
-// it out (reef 18.2.7 reports nothing at all): no mode can answer.
+// it out (reef 18.2.7 reports nothing at all): no mode can answer. A clone
+// of a snapshot of a destination, made before the commit, reads its
+// parent's data through the migration too.
+//
+// img's features and parent come from librbd; its ancestors' from their
+// headers (readHeader at the head), by ID, as the lineages read them: no
+// parent is opened.
 //
 // Implements (through go-ceph): rbd_get_features, rbd_get_parent,
-// rbd_open_by_id_read_only.
-func refuseMigrating(conn *rados.Conn, img *librbd.Image, spec string, depth int) error {
+// rados_ioctx_create, rados_read_op_exec (cls_rbd get_features, parent_get,
+// parent_overlap_get).
+func refuseMigrating(conn *rados.Conn, img *librbd.Image, spec string) error {
 	features, err := img.GetFeatures()
 	if err != nil {
 		return cepherr.Wrap("get features of "+spec, err)
 	}
 	if features&librbd.FeatureMigrating != 0 {
-		return fmt.Errorf("image %s is being migrated (rbd migration prepare): its changes cannot be listed until the migration is committed or aborted: %w",
-			spec, errors.ErrUnsupported)
+		return errMigrating(spec)
 	}
 	parent, err := img.GetParent()
 	if errors.Is(err, librbd.ErrNotFound) {
@@ -146,26 +153,48 @@ func refuseMigrating(conn *rados.Conn, img *librbd.Image, spec string, depth int
 	if err != nil {
 		return cepherr.Wrap("get parent of "+spec, err)
 	}
-	if depth >= maxCheckedDepth {
-		return fmt.Errorf("image %s: a clone chain deeper than %d: %w", spec, maxCheckedDepth, errors.ErrUnsupported)
-	}
 	pi := parent.Image
-	pspec := pi.PoolName + "/" + pi.ImageName
-	if pi.PoolNamespace != "" {
-		pspec = pi.PoolName + "/" + pi.PoolNamespace + "/" + pi.ImageName
+	l := link{pool: pi.PoolName, namespace: pi.PoolNamespace, imageID: pi.ImageID, image: pi.ImageName, snapID: noSnap}
+	for depth := 1; ; depth++ {
+		if depth > maxCheckedDepth {
+			return fmt.Errorf("image %s: a clone chain deeper than %d: %w", spec, maxCheckedDepth, errors.ErrUnsupported)
+		}
+		h, err := readHead(conn, l)
+		if err != nil {
+			return err
+		}
+		if h.features&librbd.FeatureMigrating != 0 {
+			return errMigrating(l.imageSpec())
+		}
+		if !h.hasParent {
+			return nil
+		}
+		pool, err := conn.GetPoolByID(h.parent.poolID)
+		if err != nil {
+			return cepherr.Wrap(fmt.Sprintf("name pool %d of the parent of image %s", h.parent.poolID, l.imageSpec()), err)
+		}
+		l = link{pool: pool, namespace: h.parent.namespace, imageID: h.parent.imageID, snapID: noSnap}
 	}
-	pio, err := conn.OpenIOContext(pi.PoolName)
+}
+
+// readHead reads the header of l's image at its head.
+func readHead(conn *rados.Conn, l link) (header, error) {
+	ioctx, err := conn.OpenIOContext(l.pool)
 	if err != nil {
-		return cepherr.Wrap("open parent pool "+pi.PoolName, err)
+		return header{}, cepherr.Wrap("open pool "+l.pool+" of parent image "+l.imageSpec(), err)
 	}
-	defer pio.Destroy()
-	pio.SetNamespace(pi.PoolNamespace)
-	pimg, err := librbd.OpenImageByIdReadOnly(pio, pi.ImageID, librbd.NoSnapshot)
+	defer ioctx.Destroy()
+	ioctx.SetNamespace(l.namespace)
+	h, err := readHeader(ioctx, l.imageID, noSnap)
 	if err != nil {
-		return cepherr.Wrap("open parent image "+pspec, err)
+		return h, cepherr.Wrap("read the header of parent image "+l.imageSpec(), err)
 	}
-	defer pimg.Close()
-	return refuseMigrating(conn, pimg, pspec, depth+1)
+	return h, nil
+}
+
+func errMigrating(spec string) error {
+	return fmt.Errorf("image %s is being migrated (rbd migration prepare): its changes cannot be listed until the migration is committed or aborted: %w",
+		spec, errors.ErrUnsupported)
 }
 
 // cutOff returns the raw range [lo, hi) that a snapshot between the base

@@ -14,7 +14,11 @@ type header struct {
 	snaps     map[uint64]bool // every snapshot of the image, any namespace
 	hasParent bool            // snapshot snap has a parent
 	parent    parentSpec      // its parent, when hasParent
+	features  uint64          // the image's features (librbd.Feature*)
 }
+
+// noSnap is CEPH_NOSNAP: readHeader's snap for the image's head.
+const noSnap = 1<<64 - 2
 
 // parentSpec is cls::rbd::ParentImageSpec.
 type parentSpec struct {
@@ -25,9 +29,10 @@ type parentSpec struct {
 }
 
 // readHeader reads, in one compound read of rbd_header.<imageID>, the
-// image's snapshot IDs (cls_rbd get_snapcontext), its parent (parent_get)
-// and whether snapshot snap has one (parent_overlap_get: none without
-// layering or once flattened). parent_overlap_get fails with ENOENT for a
+// image's snapshot IDs (cls_rbd get_snapcontext), its features
+// (get_features), its parent (parent_get) and whether snapshot snap (noSnap:
+// the head) has one (parent_overlap_get: none without layering or once
+// flattened). parent_overlap_get fails with ENOENT for a
 // snapshot that does not exist; the snapshot list is then read alone, so
 // that h.read tells a missing image from a missing snapshot.
 func readHeader(ioctx *rados.IOContext, imageID string, snap uint64) (header, error) {
@@ -35,6 +40,7 @@ func readHeader(ioctx *rados.IOContext, imageID string, snap uint64) (header, er
 	op := rados.CreateReadOp()
 	defer op.Release()
 	sc := op.Exec("rbd", "get_snapcontext", nil)
+	gf := op.Exec("rbd", "get_features", binary.LittleEndian.AppendUint64(nil, noSnap))
 	pg := op.Exec("rbd", "parent_get", nil)
 	po := op.Exec("rbd", "parent_overlap_get", binary.LittleEndian.AppendUint64(nil, snap))
 	err := opError(op.Operate(ioctx, oid, rados.OperationNoFlag))
@@ -59,8 +65,16 @@ func readHeader(ioctx *rados.IOContext, imageID string, snap uint64) (header, er
 	if err != nil {
 		return h, err
 	}
-	b, err := po.Bytes()
+	// features (u64), then the incompatible ones (u64).
+	b, err := gf.Bytes()
 	if err != nil {
+		return h, err
+	}
+	if len(b) < 8 {
+		return h, fmt.Errorf("get_features: %d bytes", len(b))
+	}
+	h.features = binary.LittleEndian.Uint64(b)
+	if b, err = po.Bytes(); err != nil {
 		return h, err
 	}
 	// std::optional<uint64_t>: a bool, then the value when set.

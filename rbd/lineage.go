@@ -47,17 +47,19 @@ type link struct {
 	snapID    uint64
 }
 
-func (l link) String() string {
+func (l link) String() string { return fmt.Sprintf("%s@%d", l.imageSpec(), l.snapID) }
+
+// imageSpec names l's image: pool[/namespace]/name, or id:ID when its name
+// is not known (a parent found by ID).
+func (l link) imageSpec() string {
 	s := l.pool + "/"
 	if l.namespace != "" {
 		s += l.namespace + "/"
 	}
 	if l.image != "" {
-		s += l.image
-	} else {
-		s += "id:" + l.imageID
+		return s + l.image
 	}
-	return fmt.Sprintf("%s@%d", s, l.snapID)
+	return s + "id:" + l.imageID
 }
 
 // lineage is a snapshot followed by its parent snapshots, nearest first.
