@@ -19,19 +19,19 @@ import (
 //   - FIXED_LENGTH: every tuple is one block of the grid that starts at 0,
 //     extents are rounded out to whole blocks, and a block that two extents
 //     share is sent once;
-//   - a page holds 1..max tuples; only the last page may be short.
+//   - a page holds 1..pageSize tuples; only the last page may be short.
 //
 // Every byte of every extent in [S, C) is covered by a tuple. Memory is one
 // page plus the one VARIABLE_LENGTH tuple that may still grow.
 //
 // A pager is not safe for concurrent use: one diff feeds one pager.
 type pager struct {
-	fixed bool
-	block int64 // FIXED_LENGTH tuple size
-	start int64
-	limit int64 // the volume's capacity
-	max   int
-	send  func([]*csi.BlockMetadata) error
+	fixed    bool
+	block    int64 // FIXED_LENGTH tuple size
+	start    int64
+	limit    int64 // the volume's capacity
+	pageSize int   // tuples per page (max_results, or the default)
+	send     func([]*csi.BlockMetadata) error
 
 	page []*csi.BlockMetadata
 	// VARIABLE_LENGTH: the last tuple, not yet in page, as it may still
@@ -57,14 +57,14 @@ type pager struct {
 // limit. block is used only for FIXED_LENGTH and must be positive there.
 func newPager(t csi.BlockMetadataType, block, start, limit int64, pageSize int, send func([]*csi.BlockMetadata) error) *pager {
 	return &pager{
-		fixed: t == csi.BlockMetadataType_FIXED_LENGTH,
-		block: block,
-		start: start,
-		limit: limit,
-		max:   pageSize,
-		send:  send,
-		end:   start,
-		recv:  start,
+		fixed:    t == csi.BlockMetadataType_FIXED_LENGTH,
+		block:    block,
+		start:    start,
+		limit:    limit,
+		pageSize: pageSize,
+		send:     send,
+		end:      start,
+		recv:     start,
 	}
 }
 
@@ -125,7 +125,7 @@ func (p *pager) flushPend() error {
 // take appends one tuple to the page and sends the page when it is full.
 func (p *pager) take(off, size int64) error {
 	if p.page == nil {
-		p.page = newPage(p.max)
+		p.page = newPage(p.pageSize)
 	}
 	t := p.page[len(p.page) : len(p.page)+1]
 	t[0].ByteOffset, t[0].SizeBytes = off, size
@@ -133,7 +133,7 @@ func (p *pager) take(off, size int64) error {
 	p.end = off + size
 	p.tuples++
 	p.bytes += size
-	if len(p.page) == p.max {
+	if len(p.page) == p.pageSize {
 		return p.sendPage()
 	}
 	return nil
