@@ -285,6 +285,23 @@ func TestPreciseMigration(t *testing.T) {
 		harness.RbdCLI(t, "snap", "create", harness.Pool+"/"+grand+"@g2")
 		refused(t, "grandchild allocated", "", id(grand, "g2"))
 		refused(t, "grandchild delta", id(grand, "g1"), id(grand, "g2"))
+		// A clone flattened after its snapshots, without deep-flatten:
+		// its head has no parent any more, but its snapshots still read
+		// through the destination. (With deep-flatten, flatten copies
+		// the parent's data into the snapshots too, and they are
+		// answered.)
+		flat := src + "-flattened"
+		harness.RbdCLI(t, "clone", "--image-feature", "layering,exclusive-lock,object-map,fast-diff",
+			harness.Pool+"/"+dst+"@p", harness.Pool+"/"+flat)
+		t.Cleanup(func() {
+			harness.RbdCLI(t, "snap", "purge", harness.Pool+"/"+flat)
+			harness.RbdCLI(t, "rm", harness.Pool+"/"+flat)
+		})
+		harness.RbdCLI(t, "snap", "create", harness.Pool+"/"+flat+"@f1")
+		harness.RbdCLI(t, "snap", "create", harness.Pool+"/"+flat+"@f2")
+		harness.RbdCLI(t, "flatten", "--no-progress", harness.Pool+"/"+flat)
+		refused(t, "flattened allocated", "", id(flat, "f2"))
+		refused(t, "flattened delta", id(flat, "f1"), id(flat, "f2"))
 	})
 
 	t.Run("ceph-csi", func(t *testing.T) {

@@ -117,7 +117,11 @@ var errVanished = errors.New("snapshot gone")
 
 // readLineage reads the lineage of snapshot first from the cluster, each
 // image on a handle of its own. A snapshot or image that does not exist
-// any more is errVanished (and fs.ErrNotExist), naming which.
+// any more is errVanished (and fs.ErrNotExist), naming which. A parent
+// image that takes part in a live migration fails it with
+// errors.ErrUnsupported (see refuseMigrating, which checks the head's
+// chain: a snapshot taken before a flatten still reads through its
+// parent, which the head no longer has).
 //
 // Implements (through go-ceph): rados_ioctx_create, rados_ioctx_set_namespace,
 // rbd_open_by_id_read_only (rbd_open_read_only for format 1),
@@ -126,7 +130,10 @@ func readLineage(conn *rados.Conn, first link) (lineage, error) {
 	ln := lineage{first}
 	for {
 		l := ln[len(ln)-1]
-		parent, err := parentAt(conn, l)
+		parent, features, err := parentAt(conn, l)
+		if err == nil && len(ln) > 1 && features&librbd.FeatureMigrating != 0 {
+			err = errMigrating(l.imageSpec())
+		}
 		if err != nil || parent == nil {
 			return ln, err
 		}
@@ -138,7 +145,8 @@ func readLineage(conn *rados.Conn, first link) (lineage, error) {
 }
 
 // parentAt checks that l's snapshot exists and returns its parent
-// snapshot, nil when it has none. A format 2 image's header is read with
+// snapshot, nil when it has none, and the features of l's image (0 for
+// format 1). A format 2 image's header is read with
 // one compound RADOS read of cls_rbd's methods (get_snapcontext: every
 // snapshot of the image, any namespace; parent_get and parent_overlap_get:
 // the parent at that snapshot), not by opening the image, which for a
@@ -146,39 +154,39 @@ func readLineage(conn *rados.Conn, first link) (lineage, error) {
 // be clones: they are opened, to see the snapshot.
 //
 // Implements (through go-ceph): rados_ioctx_create, rados_read_op_exec
-// (cls_rbd get_snapcontext, parent_get, parent_overlap_get); for format 1
+// (cls_rbd get_snapcontext, get_features, parent_get, parent_overlap_get); for format 1
 // rbd_open_read_only, rbd_snap_set_by_id.
-func parentAt(conn *rados.Conn, l link) (*link, error) {
+func parentAt(conn *rados.Conn, l link) (*link, uint64, error) {
 	ioctx, err := conn.OpenIOContext(l.pool)
 	if err != nil {
 		if errors.Is(err, rados.ErrNotFound) {
-			return nil, fmt.Errorf("snapshot %s: pool removed: %w", l, errors.Join(errVanished, fs.ErrNotExist))
+			return nil, 0, fmt.Errorf("snapshot %s: pool removed: %w", l, errors.Join(errVanished, fs.ErrNotExist))
 		}
-		return nil, cepherr.Wrap("open pool "+l.pool, err)
+		return nil, 0, cepherr.Wrap("open pool "+l.pool, err)
 	}
 	defer ioctx.Destroy()
 	ioctx.SetNamespace(l.namespace)
 	if l.imageID == "" {
-		return nil, format1SnapExists(ioctx, l)
+		return nil, 0, format1SnapExists(ioctx, l)
 	}
 	h, err := readHeader(ioctx, l.imageID, l.snapID)
 	switch {
 	case errors.Is(err, rados.ErrNotFound) && !h.read:
-		return nil, fmt.Errorf("snapshot %s: image removed: %w", l, errors.Join(errVanished, fs.ErrNotExist))
+		return nil, 0, fmt.Errorf("snapshot %s: image removed: %w", l, errors.Join(errVanished, fs.ErrNotExist))
 	case err != nil && !h.read:
-		return nil, cepherr.Wrap("read the header of image "+l.String(), err)
+		return nil, 0, cepherr.Wrap("read the header of image "+l.String(), err)
 	case !h.snaps[l.snapID]:
-		return nil, fmt.Errorf("snapshot %s: removed: %w", l, errors.Join(errVanished, fs.ErrNotExist))
+		return nil, 0, fmt.Errorf("snapshot %s: removed: %w", l, errors.Join(errVanished, fs.ErrNotExist))
 	case err != nil:
-		return nil, cepherr.Wrap("read the parent of snapshot "+l.String(), err)
+		return nil, 0, cepherr.Wrap("read the parent of snapshot "+l.String(), err)
 	case !h.hasParent:
-		return nil, nil
+		return nil, h.features, nil
 	}
 	pool, err := conn.GetPoolByID(h.parent.poolID)
 	if err != nil {
-		return nil, cepherr.Wrap(fmt.Sprintf("name pool %d of the parent of snapshot %s", h.parent.poolID, l), err)
+		return nil, 0, cepherr.Wrap(fmt.Sprintf("name pool %d of the parent of snapshot %s", h.parent.poolID, l), err)
 	}
-	return &link{pool: pool, namespace: h.parent.namespace, imageID: h.parent.imageID, snapID: h.parent.snapID}, nil
+	return &link{pool: pool, namespace: h.parent.namespace, imageID: h.parent.imageID, snapID: h.parent.snapID}, h.features, nil
 }
 
 // format1SnapExists checks that l's snapshot of a format 1 image exists.
