@@ -10,6 +10,7 @@ import (
 
 	"github.com/ceph/go-ceph/rados"
 
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd/internal/cepherr"
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd/internal/conn"
 )
 
@@ -155,6 +156,9 @@ func (s *Source) Open(ctx context.Context, req Request) (*Diff, error) {
 
 	tref, bref, err := resolveIDs(req, cl, target, base, lc.get)
 	if err != nil {
+		// As openDiff does: the caller may Open again after a temporary
+		// error, and must get a new connection then (see driver.Source).
+		lc.discardOnTimeout(err)
 		return nil, err
 	}
 	if _, err := lc.get(); err != nil {
@@ -295,6 +299,14 @@ func (l *lazyConn) take() *conn.Conn {
 	cc := l.cc
 	l.cc = nil
 	return cc
+}
+
+// discardOnTimeout stops sharing the connection when err is temporary:
+// the cluster did not answer on it (see Diff.discardConnOnTimeout).
+func (l *lazyConn) discardOnTimeout(err error) {
+	if l.cc != nil && cepherr.Temporary(err) {
+		l.cache.Discard(l.cc)
+	}
 }
 
 // release drops the reference unless it was taken.
