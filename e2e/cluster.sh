@@ -281,6 +281,9 @@ osd_memory_target = 939524096
 bluestore_cache_autotune = false
 bluestore_cache_size = 134217728
 osd_crush_update_on_start = true
+# the tests mark the single OSD down after long stops (harness.PauseOSD);
+# past osd_max_markdown_count (5) in 10 minutes an OSD shuts itself down
+osd_max_markdown_count = 1000
 EOF
   mkdir -p "$C/mon/ceph-a" "$C/crash"
   [[ $osds =~ ^[1-9]$ ]] || { echo "bad RSM_CEPH_OSDS=$osds (1 to 9)"; return 1; }

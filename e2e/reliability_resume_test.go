@@ -43,8 +43,9 @@ type resumeStream struct {
 	srv    *harness.Server
 	q      harness.MetaReq
 	want   []harness.Span
-	giveUp bool // its server's budget is shorter than the outage
-	late   bool // requested during the outage: its first open fails
+	giveUp bool            // its server's budget is shorter than the outage
+	late   bool            // requested during the outage: its first open fails
+	slow   *harness.Server // a late stream's connection, made before the outage
 
 	recv  func() (harness.MetaResponse, error)
 	got   []harness.Span
@@ -115,6 +116,7 @@ func TestReliabilityResume(t *testing.T) {
 	defer cancel()
 	for _, s := range streams {
 		if s.late {
+			s.slow = harness.SlowReader(t, s.srv.Sock)
 			continue
 		}
 		// A connection of its own with a fixed 64 KiB window and small
@@ -166,7 +168,7 @@ func TestReliabilityResume(t *testing.T) {
 			if s.late {
 				time.Sleep(time.Second)
 				var err error
-				if s.recv, err = harness.SlowReader(t, s.srv.Sock).Open(ctx, s.q); err != nil {
+				if s.recv, err = s.slow.Open(ctx, s.q); err != nil {
 					s.err, s.ended = err, time.Now()
 					return
 				}

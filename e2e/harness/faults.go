@@ -99,7 +99,13 @@ const laggyAfter = 8 * time.Second
 func PauseOSD(t testing.TB) *PausedOSD {
 	t.Helper()
 	p := &PausedOSD{t: t, cont: PauseDaemon(t, "osd.0"), stopped: time.Now()}
-	t.Cleanup(p.Resume) // runs before PauseDaemon's plain SIGCONT
+	// Before PauseDaemon's plain SIGCONT. A test that ended with the OSD
+	// still stopped (it failed) leaves the next test a cluster that serves.
+	t.Cleanup(func() {
+		if p.resume() {
+			WaitClusterIO(t)
+		}
+	})
 	return p
 }
 
@@ -115,13 +121,18 @@ func (p *PausedOSD) MarkDown() {
 
 // Resume continues the OSD, once, after marking it down (if MarkDown has
 // not) when it was stopped for laggyAfter or longer.
-func (p *PausedOSD) Resume() {
+func (p *PausedOSD) Resume() { p.resume() }
+
+// resume is Resume, reporting whether this call continued the OSD.
+func (p *PausedOSD) resume() (did bool) {
 	p.resumed.Do(func() {
+		did = true
 		if time.Since(p.stopped) >= laggyAfter {
 			p.MarkDown()
 		}
 		p.cont()
 	})
+	return did
 }
 
 // Outage keeps the OSD stopped for d more, then continues it. On a real
@@ -130,7 +141,7 @@ func (p *PausedOSD) Resume() {
 // continues it, so that clients see it down for those seconds, as they
 // would.
 func (p *PausedOSD) Outage(d time.Duration) {
-	time.Sleep(d - 5*time.Second)
+	time.Sleep(max(d-5*time.Second, 0))
 	p.MarkDown()
 	time.Sleep(5 * time.Second)
 	p.Resume()
