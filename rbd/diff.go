@@ -76,7 +76,7 @@ func (d *Diff) open() error {
 		return err
 	}
 
-	if err := refuseMigrating(d.cc.Rados(), d.image, t.imageSpec()); err != nil {
+	if err := refuseMigrating(d.image, t.imageSpec()); err != nil {
 		return err
 	}
 	if err := d.lookupSnap(t); err != nil {
@@ -117,28 +117,17 @@ func (d *Diff) open() error {
 	return nil
 }
 
-// maxCheckedDepth bounds the clone chains that refuseMigrating and the
-// lineages (lineage.go) walk: far deeper than any real one (Ceph-CSI
-// flattens at 16 by default).
-const maxCheckedDepth = 64
-
-// refuseMigrating fails with errors.ErrUnsupported when img, or an image
-// of its parent chain, takes part in a live migration (the migrating
-// feature: set on both the source and the destination by `rbd migration
-// prepare`, until commit or abort). While it is set the destination's data
-// is partly still in the source, and librbd's diffs of either image leave
-// it out (reef 18.2.7 reports nothing at all): no mode can answer. A clone
-// of a snapshot of a destination, made before the commit, reads its
-// parent's data through the migration too.
+// refuseMigrating fails with errors.ErrUnsupported when img takes part in
+// a live migration (the migrating feature: set on both the source and the
+// destination by `rbd migration prepare`, until commit or abort). While it
+// is set the destination's data is partly still in the source, and
+// librbd's diffs of either image leave it out (reef 18.2.7 reports nothing
+// at all): no mode can answer. A parent that takes part in one is refused
+// by the lineage of each snapshot (readLineage), whose chain holds every
+// parent the head has, and more once the head was flattened.
 //
-// img's features and parent come from librbd; its ancestors' from their
-// headers (readHeader at the head), by ID, as the lineages read them: no
-// parent is opened.
-//
-// Implements (through go-ceph): rbd_get_features, rbd_get_parent,
-// rados_ioctx_create, rados_read_op_exec (cls_rbd get_features, parent_get,
-// parent_overlap_get).
-func refuseMigrating(conn *rados.Conn, img *librbd.Image, spec string) error {
+// Implements (through go-ceph): rbd_get_features.
+func refuseMigrating(img *librbd.Image, spec string) error {
 	features, err := img.GetFeatures()
 	if err != nil {
 		return cepherr.Wrap("get features of "+spec, err)
@@ -146,50 +135,7 @@ func refuseMigrating(conn *rados.Conn, img *librbd.Image, spec string) error {
 	if features&librbd.FeatureMigrating != 0 {
 		return errMigrating(spec)
 	}
-	parent, err := img.GetParent()
-	if errors.Is(err, librbd.ErrNotFound) {
-		return nil
-	}
-	if err != nil {
-		return cepherr.Wrap("get parent of "+spec, err)
-	}
-	pi := parent.Image
-	l := link{pool: pi.PoolName, namespace: pi.PoolNamespace, imageID: pi.ImageID, image: pi.ImageName, snapID: noSnap}
-	for depth := 1; ; depth++ {
-		if depth > maxCheckedDepth {
-			return fmt.Errorf("image %s: a clone chain deeper than %d: %w", spec, maxCheckedDepth, errors.ErrUnsupported)
-		}
-		h, err := readHead(conn, l)
-		if err != nil {
-			return err
-		}
-		if h.features&librbd.FeatureMigrating != 0 {
-			return errMigrating(l.imageSpec())
-		}
-		if !h.hasParent {
-			return nil
-		}
-		pool, err := conn.GetPoolByID(h.parent.poolID)
-		if err != nil {
-			return cepherr.Wrap(fmt.Sprintf("name pool %d of the parent of image %s", h.parent.poolID, l.imageSpec()), err)
-		}
-		l = link{pool: pool, namespace: h.parent.namespace, imageID: h.parent.imageID, snapID: noSnap}
-	}
-}
-
-// readHead reads the header of l's image at its head.
-func readHead(conn *rados.Conn, l link) (header, error) {
-	ioctx, err := conn.OpenIOContext(l.pool)
-	if err != nil {
-		return header{}, cepherr.Wrap("open pool "+l.pool+" of parent image "+l.imageSpec(), err)
-	}
-	defer ioctx.Destroy()
-	ioctx.SetNamespace(l.namespace)
-	h, err := readHeader(ioctx, l.imageID, noSnap)
-	if err != nil {
-		return h, cepherr.Wrap("read the header of parent image "+l.imageSpec(), err)
-	}
-	return h, nil
+	return nil
 }
 
 func errMigrating(spec string) error {

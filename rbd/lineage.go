@@ -115,13 +115,19 @@ func (errConflict) Aborted() bool { return true }
 // errVanished is a snapshot of a lineage that no longer exists.
 var errVanished = errors.New("snapshot gone")
 
+// maxCheckedDepth bounds the clone chains that the lineages walk: far
+// deeper than any real one (Ceph-CSI flattens at 16 by default).
+const maxCheckedDepth = 64
+
 // readLineage reads the lineage of snapshot first from the cluster, each
 // image on a handle of its own. A snapshot or image that does not exist
 // any more is errVanished (and fs.ErrNotExist), naming which. A parent
 // image that takes part in a live migration fails it with
-// errors.ErrUnsupported (see refuseMigrating, which checks the head's
-// chain: a snapshot taken before a flatten still reads through its
-// parent, which the head no longer has).
+// errors.ErrUnsupported (see refuseMigrating, which checks the image
+// itself). A snapshot's chain holds every parent the head has: the parent
+// is set when the image is cloned, before any snapshot, and only a
+// flatten removes it, from the head first (or from both, with
+// deep-flatten).
 //
 // Implements (through go-ceph): rados_ioctx_create, rados_ioctx_set_namespace,
 // rbd_open_by_id_read_only (rbd_open_read_only for format 1),
