@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd/internal/cepherr"
-	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd/precise"
 	"io/fs"
 	"math"
 	"runtime/debug"
@@ -14,7 +12,9 @@ import (
 	"github.com/ceph/go-ceph/rados"
 	librbd "github.com/ceph/go-ceph/rbd"
 
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd/internal/cepherr"
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd/internal/conn"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd/precise"
 )
 
 // Diff is one prepared diff: an image opened read-only at its target
@@ -287,7 +287,7 @@ func (d *Diff) Iterate(ctx context.Context, offset int64, fn func(offset, length
 		// complete, if the snapshots it was read from outlived it.
 		err = d.confirmLineages()
 	}
-	d.discardConnOnTimeout(err)
+	discardOnTimeout(d.conns, d.cc, err)
 	return err
 }
 
@@ -313,14 +313,14 @@ func (d *Diff) query(off, length int64) precise.Objects {
 	return q
 }
 
-// discardConnOnTimeout stops caching the Diff's connection when err says
-// the cluster did not answer in time, or any error that goes away by
-// itself (temporary: a reset or shut down connection...): later requests,
-// and the driver's re-open of a resumed stream, then connect anew rather
-// than reuse a connection that an outage may have left broken.
-func (d *Diff) discardConnOnTimeout(err error) {
-	if d.cc != nil && cepherr.Temporary(err) {
-		d.conns.Discard(d.cc)
+// discardOnTimeout stops caching cc when err says the cluster did not
+// answer in time, or any error that goes away by itself (temporary: a
+// reset or shut down connection...): later requests, and the driver's
+// re-open of a resumed stream or a retried first open, then connect anew
+// rather than reuse a connection that an outage may have left broken.
+func discardOnTimeout(conns *conn.Cache, cc *conn.Conn, err error) {
+	if cc != nil && cepherr.Temporary(err) {
+		conns.Discard(cc)
 	}
 }
 

@@ -10,7 +10,6 @@ import (
 
 	"github.com/ceph/go-ceph/rados"
 
-	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd/internal/cepherr"
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd/internal/conn"
 )
 
@@ -158,7 +157,7 @@ func (s *Source) Open(ctx context.Context, req Request) (*Diff, error) {
 	if err != nil {
 		// As openDiff does: the caller may Open again after a temporary
 		// error, and must get a new connection then (see driver.Source).
-		lc.discardOnTimeout(err)
+		discardOnTimeout(lc.cache, lc.cc, err)
 		return nil, err
 	}
 	if _, err := lc.get(); err != nil {
@@ -226,7 +225,7 @@ func (s *Source) openDiff(ctx context.Context, cc *conn.Conn, tref snapRef, bref
 	d := &Diff{conns: s.conns, cc: cc, target: tref, base: bref, whole: s.opts.WholeObject, trustObjectMap: s.opts.TrustObjectMap, walk: s.opts.Walk}
 	defer func() {
 		if err != nil {
-			d.discardConnOnTimeout(err)
+			discardOnTimeout(d.conns, d.cc, err)
 			d.Close()
 		}
 	}()
@@ -299,14 +298,6 @@ func (l *lazyConn) take() *conn.Conn {
 	cc := l.cc
 	l.cc = nil
 	return cc
-}
-
-// discardOnTimeout stops sharing the connection when err is temporary:
-// the cluster did not answer on it (see Diff.discardConnOnTimeout).
-func (l *lazyConn) discardOnTimeout(err error) {
-	if l.cc != nil && cepherr.Temporary(err) {
-		l.cache.Discard(l.cc)
-	}
 }
 
 // release drops the reference unless it was taken.

@@ -34,10 +34,11 @@
 //     down at its last Release.
 //   - Discarded: when an Open or an Iterate fails with a timeout or another
 //     error that goes away by itself (cepherr.Temporary), rbd calls Discard
-//     (Diff.discardConnOnTimeout): the Conn leaves the cache at once, the next Get connects anew, and
-//     the old one is shut down at its last Release. After an OSD or monitor
-//     outage a connection can keep timing out long after a new one would
-//     work, and a resumed stream must not re-open on it.
+//     (rbd's discardOnTimeout): the Conn leaves the cache at once, the next
+//     Get connects anew, and the old one is shut down at its last Release.
+//     After an OSD or monitor outage a connection can keep timing out long
+//     after a new one would work, and a resumed stream must not re-open on
+//     it.
 //   - Closed: Close shuts down the idle Conns at once and the others at
 //     their last Release, and waits for the janitor and for connect attempts
 //     in flight (at most about client_mount_timeout). Get fails after Close.
