@@ -104,11 +104,18 @@ func (r *streamRun) iterate(ctx context.Context) error {
 		if rs, ok := r.diff.(Resumer); ok {
 			from = max(r.start, min(rs.ResumeFrom(at), at))
 		}
-		r.resumes++
-		r.observeResume(cause, time.Since(failed), true)
-		klog.FromContext(ctx).V(2).Info("Resumed stream", "offset", at, "diffFrom", from,
-			"reason", resumeReason(cause), "took", time.Since(failed), "resumes", r.resumes, "err", cause)
+		r.resumed(ctx, cause, failed, at, from)
 	}
+}
+
+// resumed counts and logs one resume: the diff that failed with cause at
+// failed is open again, and the stream goes on at offset, the diff from
+// diffFrom.
+func (r *streamRun) resumed(ctx context.Context, cause error, failed time.Time, offset, diffFrom int64) {
+	r.resumes++
+	r.observeResume(cause, time.Since(failed), true)
+	klog.FromContext(ctx).V(2).Info("Resumed stream", "offset", offset, "diffFrom", diffFrom,
+		"reason", resumeReason(cause), "took", time.Since(failed), "resumes", r.resumes, "err", cause)
 }
 
 // add hands an extent to the pager, keeping the pager's error: it ends the
@@ -137,7 +144,7 @@ func (r *streamRun) open(ctx context.Context) error {
 		r.diff = diff
 		return nil
 	}
-	if r.d.opts.ResumeBudget <= 0 || ctx.Err() != nil || !temporary(err) || noSession(err) {
+	if r.final(ctx, err) || noSession(err) {
 		return err
 	}
 	cause, failed := err, time.Now()
@@ -145,10 +152,7 @@ func (r *streamRun) open(ctx context.Context) error {
 		r.observeResume(cause, time.Since(failed), false)
 		return err
 	}
-	r.resumes++
-	r.observeResume(cause, time.Since(failed), true)
-	klog.FromContext(ctx).V(2).Info("Resumed stream", "offset", r.start, "diffFrom", r.start,
-		"reason", resumeReason(cause), "took", time.Since(failed), "resumes", r.resumes, "err", cause)
+	r.resumed(ctx, cause, failed, r.start, r.start)
 	return nil
 }
 
