@@ -163,8 +163,18 @@ func KillOSD(t testing.TB) (restart func()) {
 		})
 	}
 	t.Cleanup(restart)
-	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+	if err := kill(pid); err != nil {
 		t.Fatalf("SIGKILL osd.0 (pid %d): %v", pid, err)
+	}
+	t.Logf("SIGKILL osd.0 (pid %d)", pid)
+	return restart
+}
+
+// kill sends SIGKILL to pid and waits, for at most 5 s, until it has
+// exited (gone, or a zombie not yet reaped).
+func kill(pid int) error {
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		return err
 	}
 	for i := 0; i < 200; i++ {
 		st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
@@ -173,8 +183,7 @@ func KillOSD(t testing.TB) (restart func()) {
 		}
 		time.Sleep(25 * time.Millisecond)
 	}
-	t.Logf("SIGKILL osd.0 (pid %d)", pid)
-	return restart
+	return nil
 }
 
 // startOSD starts osd.0 as cluster.sh does, and reports whether it started.
@@ -215,14 +224,7 @@ func WaitClusterIO(t testing.TB) {
 		return
 	}
 	t.Logf("the OSD serves no I/O a minute after the fault; restarting it.\n%s", ClusterState(t))
-	if pid := daemonPID(t, "osd.0"); syscall.Kill(pid, syscall.SIGKILL) == nil {
-		for i := 0; i < 200; i++ {
-			if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err != nil || strings.Contains(string(b), ") Z ") {
-				break
-			}
-			time.Sleep(25 * time.Millisecond)
-		}
-	}
+	_ = kill(daemonPID(t, "osd.0")) // gone already: start it all the same
 	if !startOSD(t) || !serveIO(t, 3) {
 		t.Fatalf("the cluster does not serve I/O, even after restarting the OSD")
 	}
