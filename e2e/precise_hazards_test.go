@@ -254,11 +254,16 @@ func TestPreciseMigration(t *testing.T) {
 		t.Cleanup(func() { harness.RbdCLI(t, "migration", "abort", harness.Pool+"/"+dst) })
 		harness.RbdCLI(t, "snap", "create", harness.Pool+"/"+dst+"@p")
 		t.Cleanup(func() { harness.RbdCLI(t, "snap", "rm", harness.Pool+"/"+dst+"@p") })
-		harness.RbdCLI(t, "clone", harness.Pool+"/"+dst+"@p", harness.Pool+"/"+clone)
-		t.Cleanup(func() {
-			harness.RbdCLI(t, "snap", "purge", harness.Pool+"/"+clone)
-			harness.RbdCLI(t, "rm", harness.Pool+"/"+clone)
-		})
+		// cloneOf clones from@snap as name with the rbd CLI (args before
+		// the names), removed with its snapshots when the test ends.
+		cloneOf := func(from, name string, args ...string) {
+			harness.RbdCLI(t, append(append([]string{"clone"}, args...), harness.Pool+"/"+from, harness.Pool+"/"+name)...)
+			t.Cleanup(func() {
+				harness.RbdCLI(t, "snap", "purge", harness.Pool+"/"+name)
+				harness.RbdCLI(t, "rm", harness.Pool+"/"+name)
+			})
+		}
+		cloneOf(dst+"@p", clone)
 		cimg, err := rbd.OpenImage(ioctx, clone, rbd.NoSnapshot)
 		if err != nil {
 			t.Fatal(err)
@@ -274,13 +279,9 @@ func TestPreciseMigration(t *testing.T) {
 		}
 		refused(t, "clone allocated", "", id(clone, "c2"))
 		refused(t, "clone delta", id(clone, "c1"), id(clone, "c2"))
-		// Its clone: the destination is now a grandparent, found by ID.
+		// Its clone: the destination is now a grandparent.
 		grand := src + "-grandchild"
-		harness.RbdCLI(t, "clone", harness.Pool+"/"+clone+"@c2", harness.Pool+"/"+grand)
-		t.Cleanup(func() {
-			harness.RbdCLI(t, "snap", "purge", harness.Pool+"/"+grand)
-			harness.RbdCLI(t, "rm", harness.Pool+"/"+grand)
-		})
+		cloneOf(clone+"@c2", grand)
 		harness.RbdCLI(t, "snap", "create", harness.Pool+"/"+grand+"@g1")
 		harness.RbdCLI(t, "snap", "create", harness.Pool+"/"+grand+"@g2")
 		refused(t, "grandchild allocated", "", id(grand, "g2"))
@@ -291,12 +292,7 @@ func TestPreciseMigration(t *testing.T) {
 		// the parent's data into the snapshots too, and they are
 		// answered.)
 		flat := src + "-flattened"
-		harness.RbdCLI(t, "clone", "--image-feature", "layering,exclusive-lock,object-map,fast-diff",
-			harness.Pool+"/"+dst+"@p", harness.Pool+"/"+flat)
-		t.Cleanup(func() {
-			harness.RbdCLI(t, "snap", "purge", harness.Pool+"/"+flat)
-			harness.RbdCLI(t, "rm", harness.Pool+"/"+flat)
-		})
+		cloneOf(dst+"@p", flat, "--image-feature", "layering,exclusive-lock,object-map,fast-diff")
 		harness.RbdCLI(t, "snap", "create", harness.Pool+"/"+flat+"@f1")
 		harness.RbdCLI(t, "snap", "create", harness.Pool+"/"+flat+"@f2")
 		harness.RbdCLI(t, "flatten", "--no-progress", harness.Pool+"/"+flat)
