@@ -3,9 +3,11 @@ package rbd
 import (
 	"errors"
 	"fmt"
-	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd/internal/cepherr"
 	"io/fs"
 	"strings"
+
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd/internal/cepherr"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd/internal/header"
 
 	"github.com/ceph/go-ceph/rados"
 	librbd "github.com/ceph/go-ceph/rbd"
@@ -115,10 +117,6 @@ func (errConflict) Aborted() bool { return true }
 // errVanished is a snapshot of a lineage that no longer exists.
 var errVanished = errors.New("snapshot gone")
 
-// maxCheckedDepth bounds the clone chains that the lineages walk: far
-// deeper than any real one (Ceph-CSI flattens at 16 by default).
-const maxCheckedDepth = 64
-
 // readLineage reads the lineage of snapshot first from the cluster, each
 // image on a handle of its own. A snapshot or image that does not exist
 // any more is errVanished (and fs.ErrNotExist), naming which. A parent
@@ -143,8 +141,8 @@ func readLineage(conn *rados.Conn, first link) (lineage, error) {
 		if err != nil || parent == nil {
 			return ln, err
 		}
-		if len(ln) > maxCheckedDepth {
-			return ln, fmt.Errorf("snapshot %s: a clone chain deeper than %d: %w", first, maxCheckedDepth, errors.ErrUnsupported)
+		if len(ln) > header.MaxCloneDepth {
+			return ln, fmt.Errorf("snapshot %s: a clone chain deeper than %d: %w", first, header.MaxCloneDepth, errors.ErrUnsupported)
 		}
 		ln = append(ln, *parent)
 	}
@@ -175,24 +173,24 @@ func parentAt(conn *rados.Conn, l link) (*link, uint64, error) {
 	if l.imageID == "" {
 		return nil, 0, format1SnapExists(ioctx, l)
 	}
-	h, err := readHeader(ioctx, l.imageID, l.snapID)
+	h, err := header.Read(ioctx, l.imageID, l.snapID)
 	switch {
-	case errors.Is(err, rados.ErrNotFound) && !h.read:
+	case errors.Is(err, rados.ErrNotFound) && !h.Read:
 		return nil, 0, fmt.Errorf("snapshot %s: image removed: %w", l, errors.Join(errVanished, fs.ErrNotExist))
-	case err != nil && !h.read:
+	case err != nil && !h.Read:
 		return nil, 0, cepherr.Wrap("read the header of image "+l.String(), err)
-	case !h.snaps[l.snapID]:
+	case !h.Snaps[l.snapID]:
 		return nil, 0, fmt.Errorf("snapshot %s: removed: %w", l, errors.Join(errVanished, fs.ErrNotExist))
 	case err != nil:
 		return nil, 0, cepherr.Wrap("read the parent of snapshot "+l.String(), err)
-	case !h.hasParent:
-		return nil, h.features, nil
+	case !h.HasParent:
+		return nil, h.Features, nil
 	}
-	pool, err := conn.GetPoolByID(h.parent.poolID)
+	pool, err := conn.GetPoolByID(h.Parent.PoolID)
 	if err != nil {
-		return nil, 0, cepherr.Wrap(fmt.Sprintf("name pool %d of the parent of snapshot %s", h.parent.poolID, l), err)
+		return nil, 0, cepherr.Wrap(fmt.Sprintf("name pool %d of the parent of snapshot %s", h.Parent.PoolID, l), err)
 	}
-	return &link{pool: pool, namespace: h.parent.namespace, imageID: h.parent.imageID, snapID: h.parent.snapID}, h.features, nil
+	return &link{pool: pool, namespace: h.Parent.Namespace, imageID: h.Parent.ImageID, snapID: h.Parent.SnapID}, h.Features, nil
 }
 
 // format1SnapExists checks that l's snapshot of a format 1 image exists.

@@ -1,4 +1,4 @@
-package rbd
+package header
 
 import (
 	"encoding/binary"
@@ -17,7 +17,7 @@ func TestDecodeParentSpec(t *testing.T) {
 	b := append([]byte{1, 1}, binary.LittleEndian.AppendUint32(nil, uint32(len(body)))...)
 	b = append(b, body...)
 	got, err := decodeParentSpec(b)
-	want := parentSpec{poolID: 7, namespace: "ns1", imageID: "10aa3c6b8f1e", snapID: 42}
+	want := Spec{PoolID: 7, Namespace: "ns1", ImageID: "10aa3c6b8f1e", SnapID: 42}
 	if err != nil || got != want {
 		t.Fatalf("decodeParentSpec = %+v, %v; want %+v", got, err, want)
 	}
@@ -26,7 +26,7 @@ func TestDecodeParentSpec(t *testing.T) {
 	none = binary.LittleEndian.AppendUint64(none, ^uint64(0))
 	none = str(str(none, ""), "")
 	none = binary.LittleEndian.AppendUint64(none, ^uint64(1))
-	if got, err := decodeParentSpec(none); err != nil || got.poolID != -1 {
+	if got, err := decodeParentSpec(none); err != nil || got.PoolID != -1 {
 		t.Fatalf("no parent: %+v, %v", got, err)
 	}
 	for n := range len(b) {
