@@ -85,7 +85,8 @@
 //   - precise_listing_test.go: TestPreciseListing
 //   - precise_hazards_test.go: TestPreciseRollback, TestPreciseCopyOnRead,
 //     TestPreciseFormat1, TestPreciseMigration,
-//     TestPreciseFallbackReported, TestPreciseInvalidObjectMap
+//     TestPreciseFallbackReported, TestPreciseInvalidObjectMap,
+//     TestPreciseDeepClone
 //
 // Requests that cannot be served: statuses, keys and users, monitors,
 // the server's own flags:

@@ -15,7 +15,9 @@ package e2e
 //     refused (FAILED_PRECONDITION) or answered correctly;
 //   - an invalid object map: fast-diff disabled and enabled again, which
 //     leaves the map flagged invalid until `rbd object-map rebuild`, so
-//     precise mode walks the objects itself.
+//     precise mode walks the objects itself;
+//   - a deep clone chain: 64 parents, refined through every layer; one
+//     more is refused.
 //
 // The default mode (precise) and exact must miss nothing; the modes that
 // trust the object map (object, precise with --trust-object-map) may, as
@@ -449,4 +451,53 @@ func TestPreciseInvalidObjectMap(t *testing.T) {
 		history(w, p)
 		w.CheckAll(srcs)
 	})
+}
+
+// TestPreciseDeepClone: precise mode reads a clone chain from the images'
+// header objects, so it refines chains as deep as the lineage check
+// follows them: 64 parents (rbd/internal/header.MaxCloneDepth; it
+// followed 16 before, opening each parent, which opened the chain below
+// it again). Each image of the chain writes 4 KiB of its own, and some
+// land in objects its parents hold (copy-ups). The last image, 64 deep,
+// is checked in every mode against the byte oracle, refined in precise
+// mode; a clone of it, one parent more, is refused in every mode
+// (errors.ErrUnsupported: FAILED_PRECONDITION).
+func TestPreciseDeepClone(t *testing.T) {
+	const maxCloneDepth = 64
+	conn := harness.ConnectAdmin(t)
+	ioctx := harness.OpenIOContext(t, conn, harness.Pool, "")
+	srcs := oracle.Sources(t)
+	w := oracle.NewWorkload(t, ioctx, 1)
+	var p *oracle.Image
+	t0 := time.Now()
+	for depth := 0; depth <= maxCloneDepth; depth++ {
+		if p != nil {
+			// Each open clone holds its parent chain open.
+			if err := p.Img.Close(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		p = w.Create(p, 20)
+		w.Write(p, uint64(depth)*320*oracle.KiB%(p.Size-4*oracle.KiB), 4*oracle.KiB)
+		w.Snap(p)
+	}
+	w.Write(p, 3*harness.MiB+1000, 10000)
+	w.Snap(p)
+	t.Logf("a chain of %d parents made in %v", maxCloneDepth, time.Since(t0).Round(time.Millisecond))
+	w.CheckAll(srcs)
+
+	deeper := w.Create(p, 20)
+	w.Snap(deeper)
+	for _, m := range oracle.Modes {
+		req := rsm.Request{Target: harness.ClusterID + "/" + harness.Pool + "/" + deeper.Name + "@" + deeper.Snaps[0], Secrets: oracle.Secrets(t)}
+		d, err := srcs[m.Name].Open(context.Background(), req)
+		if err == nil {
+			d.Close()
+			t.Errorf("%s: a chain of %d parents answered, want errors.ErrUnsupported", m.Name, maxCloneDepth+1)
+			continue
+		}
+		if !errors.Is(err, errors.ErrUnsupported) || !strings.Contains(err.Error(), "deeper than 64") {
+			t.Errorf("%s: %v, want errors.ErrUnsupported for a clone chain deeper than 64", m.Name, err)
+		}
+	}
 }

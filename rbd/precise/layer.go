@@ -5,10 +5,10 @@ package precise
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd/internal/cepherr"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd/internal/header"
 
 	"github.com/ceph/go-ceph/rados"
 	librbd "github.com/ceph/go-ceph/rbd"
@@ -54,116 +54,83 @@ func (r *Refiner) ioctx(conn *rados.Conn, pool, ns string, snap uint64) (*rados.
 	return ioctx, nil
 }
 
-// layer describes img, set to snapshot snap, and its parents.
-func (r *Refiner) layer(conn *rados.Conn, pool, ns string, img *librbd.Image, snap uint64, depth int) (*layer, error) {
-	st, err := img.Stat()
+// layer describes image imageID (format 2) of pool and namespace ns at
+// snapshot snap, and its parents, from their header objects (see package
+// header): one read of a header per layer, where opening each parent would
+// open the chain below it again. A chain with more than
+// header.MaxCloneDepth parents is not refined (the lineage check refuses
+// it anyway).
+//
+// Implements (through go-ceph): rados_ioctx_create, rados_read_op_exec
+// (cls_rbd get_snapcontext, get_features, parent_get, parent_overlap_get,
+// get_size, get_object_prefix, get_stripe_unit_count, get_data_pool),
+// rados_pool_reverse_lookup, rados_ioctx_snap_set_read.
+func (r *Refiner) layer(conn *rados.Conn, pool, ns, imageID string, snap uint64, depth int) (*layer, error) {
+	hio, err := conn.OpenIOContext(pool)
 	if err != nil {
-		return nil, cepherr.Wrap("stat image", err)
+		return nil, cepherr.Wrap("open pool "+pool, err)
 	}
-	su, err := img.GetStripeUnit()
+	defer hio.Destroy()
+	hio.SetNamespace(ns)
+	h, err := header.Read(hio, imageID, snap)
 	if err != nil {
-		return nil, cepherr.Wrap("get stripe unit", err)
+		return nil, cepherr.Wrap(fmt.Sprintf("read the header of image %s at snapshot %d", imageID, snap), err)
 	}
-	sc, err := img.GetStripeCount()
+	lay, err := header.ReadLayout(hio, imageID, snap, h.Features)
 	if err != nil {
-		return nil, cepherr.Wrap("get stripe count", err)
+		return nil, cepherr.Wrap(fmt.Sprintf("read the layout of image %s at snapshot %d", imageID, snap), err)
 	}
 	// With one object per stripe, the stripe unit does not matter: byte b
 	// of the image is in object b / object size (a clone inherits its
 	// parent's stripe unit, which can be smaller than its objects).
-	if st.Obj_size == 0 || su == 0 || st.Obj_size%su != 0 || sc != 1 {
-		return nil, unrefinable{ReasonStriping, fmt.Sprintf("non-default striping (object size %d, stripe unit %d, stripe count %d)", st.Obj_size, su, sc)}
-	}
-	features, err := img.GetFeatures()
-	if err != nil {
-		return nil, cepherr.Wrap("get features", err)
+	if lay.StripeUnit == 0 || lay.ObjectSize%lay.StripeUnit != 0 || lay.StripeCount != 1 {
+		return nil, unrefinable{ReasonStriping, fmt.Sprintf("non-default striping (object size %d, stripe unit %d, stripe count %d)", lay.ObjectSize, lay.StripeUnit, lay.StripeCount)}
 	}
 	dataPool := pool
-	if features&librbd.FeatureDataPool != 0 {
+	if lay.DataPoolID >= 0 {
 		// Ceph-CSI's dataPool: the header here, the data objects in
 		// the data pool (nearly always erasure-coded), same namespace.
-		if dataPool, err = r.dataPool(conn, pool, ns, img); err != nil {
-			return nil, err
+		if dataPool, err = conn.GetPoolByID(lay.DataPoolID); err != nil {
+			return nil, cepherr.Wrap(fmt.Sprintf("look up data pool %d", lay.DataPoolID), err)
 		}
 	}
 	ioctx, err := r.ioctx(conn, dataPool, ns, snap)
 	if err != nil {
 		return nil, err
 	}
-	old, err := img.IsOldFormat()
-	if err != nil {
-		return nil, cepherr.Wrap("get image format", err)
-	}
-	l := &layer{ioctx: ioctx, pool: dataPool, ns: ns, data: r.query(dataPool), prefix: st.Block_name_prefix, oldFormat: old, objSize: int64(st.Obj_size)}
-
-	parent, err := img.GetParent()
-	if errors.Is(err, librbd.ErrNotFound) {
+	l := &layer{ioctx: ioctx, pool: dataPool, ns: ns, data: r.query(dataPool), prefix: lay.Prefix, objSize: int64(lay.ObjectSize)}
+	if !h.HasParent || h.Overlap == 0 {
 		return l, nil
 	}
+	if depth >= header.MaxCloneDepth {
+		return nil, unrefinable{ReasonCloneDepth, fmt.Sprintf("a clone chain deeper than %d", header.MaxCloneDepth)}
+	}
+	ppool, err := conn.GetPoolByID(h.Parent.PoolID)
 	if err != nil {
-		return nil, cepherr.Wrap("get parent", err)
+		return nil, cepherr.Wrap(fmt.Sprintf("look up parent pool %d", h.Parent.PoolID), err)
 	}
-	overlap, err := img.GetOverlap()
-	if err != nil {
-		return nil, cepherr.Wrap("get parent overlap", err)
-	}
-	if overlap == 0 {
-		return l, nil
-	}
-	if depth >= maxParentDepth {
-		return nil, unrefinable{ReasonCloneDepth, fmt.Sprintf("a clone chain deeper than %d", maxParentDepth)}
-	}
-	pi := parent.Image
-	pio, err := conn.OpenIOContext(pi.PoolName)
-	if err != nil {
-		return nil, cepherr.Wrap("open parent pool "+pi.PoolName, err)
-	}
-	defer pio.Destroy()
-	pio.SetNamespace(pi.PoolNamespace)
-	pimg, err := librbd.OpenImageByIdReadOnly(pio, pi.ImageID, librbd.NoSnapshot)
-	if err != nil {
-		return nil, cepherr.Wrap("open parent image "+pi.ImageName, err)
-	}
-	defer pimg.Close()
-	if err := pimg.SetSnapByID(parent.Snap.ID); err != nil {
-		return nil, cepherr.Wrap(fmt.Sprintf("set parent image %s to snapshot %d", pi.ImageName, parent.Snap.ID), err)
-	}
-	if l.parent, err = r.layer(conn, pi.PoolName, pi.PoolNamespace, pimg, parent.Snap.ID, depth+1); err != nil {
+	if l.parent, err = r.layer(conn, ppool, h.Parent.Namespace, h.Parent.ImageID, h.Parent.SnapID, depth+1); err != nil {
 		return nil, err
 	}
-	l.overlap = int64(overlap)
+	l.overlap = int64(h.Overlap)
 	return l, nil
 }
 
-// dataPool returns the name of the data pool of img, in pool and ns.
-func (r *Refiner) dataPool(conn *rados.Conn, pool, ns string, img *librbd.Image) (string, error) {
-	imageID, err := img.GetId()
+// format1Layer describes format 1 image img, set to snapshot snap: no
+// parent, no data pool, no striping.
+//
+// Implements (through go-ceph): rbd_stat, rados_ioctx_create,
+// rados_ioctx_snap_set_read.
+func (r *Refiner) format1Layer(conn *rados.Conn, pool, ns string, img *librbd.Image, snap uint64) (*layer, error) {
+	st, err := img.Stat()
 	if err != nil {
-		return "", cepherr.Wrap("get image id", err)
+		return nil, cepherr.Wrap("stat image", err)
 	}
-	key := [3]string{pool, ns, imageID}
-	if name, ok := r.dataPools[key]; ok {
-		return name, nil
-	}
-	hio, err := conn.OpenIOContext(pool)
+	ioctx, err := r.ioctx(conn, pool, ns, snap)
 	if err != nil {
-		return "", cepherr.Wrap("open pool "+pool, err)
+		return nil, err
 	}
-	hio.SetNamespace(ns)
-	id, err := dataPoolID(hio, imageID)
-	hio.Destroy()
-	if err != nil {
-		return "", cepherr.Wrap("get data pool", err)
-	}
-	name, err := conn.GetPoolByID(id)
-	if err != nil {
-		return "", cepherr.Wrap(fmt.Sprintf("look up data pool %d", id), err)
-	}
-	if r.dataPools == nil {
-		r.dataPools = map[[3]string]string{}
-	}
-	r.dataPools[key] = name
-	return name, nil
+	return &layer{ioctx: ioctx, pool: pool, ns: ns, data: r.query(pool), prefix: st.Block_name_prefix, oldFormat: true, objSize: int64(st.Obj_size)}, nil
 }
 
 // query returns the dataQuery of pool, made on first use.

@@ -89,8 +89,6 @@ const (
 	// once: walkBatch*walkDeltaWindow list_snaps in flight.
 	walkBatch       = 16
 	walkDeltaWindow = 2
-	// maxParentDepth bounds the clone chain precise mode follows.
-	maxParentDepth = 16
 )
 
 // Stats describes the precise refinement of a Diff's iterations.
@@ -195,9 +193,6 @@ type Refiner struct {
 	ioctxs []*rados.IOContext
 	// queries has one dataQuery per data pool, by name.
 	queries map[string]*dataQuery
-	// dataPools has the data pool of each image with one, by pool,
-	// namespace and image ID: the base and target layers share it.
-	dataPools map[[3]string]string
 
 	objects, fallbacks, summed atomic.Int64
 	mu                         sync.Mutex
@@ -263,14 +258,32 @@ func Open(img Image, o Options) *Refiner {
 	return r
 }
 
+// imageLayer describes the image at snapshot snap, where its handle h
+// is set: a format 1 image from h, a format 2 one from its header (by
+// its ID, which an image opened by name has too).
+func (r *Refiner) imageLayer(img Image, h *librbd.Image, snap uint64) (*layer, error) {
+	id := img.ID
+	if id == "" {
+		old, err := h.IsOldFormat()
+		if err != nil {
+			return nil, cepherr.Wrap("get image format", err)
+		}
+		if old {
+			return r.format1Layer(img.Conn, img.Pool, img.Namespace, h, snap)
+		}
+		if id, err = h.GetId(); err != nil {
+			return nil, cepherr.Wrap("get image id", err)
+		}
+	}
+	return r.layer(img.Conn, img.Pool, img.Namespace, id, snap, 0)
+}
+
 // open reads the image's layers at the target (and base) snapshot, on a
 // handle of its own.
 //
 // Implements (through go-ceph): rados_ioctx_create, rbd_open_by_id_read_only
-// (rbd_open_read_only for format 1), rbd_snap_set_by_id, rbd_stat,
-// rbd_get_stripe_unit, rbd_get_stripe_count, rbd_get_features,
-// rbd_get_old_format, rbd_get_parent, rbd_get_overlap, rbd_close,
-// rados_ioctx_snap_set_read.
+// (rbd_open_read_only when named), rbd_snap_set_by_id, rbd_get_old_format,
+// rbd_get_id, rbd_get_features, rbd_close; the layers' reads (see layer).
 func (r *Refiner) open(img Image, o Options) error {
 	if img.Header == 0 && img.LibrbdEncrypted {
 		return unrefinable{ReasonEncrypted, "the image looks encrypted by librbd (a LUKS header without Ceph-CSI's encryption metadata)"}
@@ -294,7 +307,7 @@ func (r *Refiner) open(img Image, o Options) error {
 	if err := h.SetSnapByID(img.Target); err != nil {
 		return cepherr.Wrap(fmt.Sprintf("set image %s to snapshot %d", img.Spec, img.Target), err)
 	}
-	if r.top, err = r.layer(img.Conn, img.Pool, img.Namespace, h, img.Target, 0); err != nil {
+	if r.top, err = r.imageLayer(img, h, img.Target); err != nil {
 		return err
 	}
 	if o.Walk != WalkLibrbd {
@@ -313,7 +326,7 @@ func (r *Refiner) open(img Image, o Options) error {
 	if err := h.SetSnapByID(r.s1); err != nil {
 		return cepherr.Wrap(fmt.Sprintf("set image %s to snapshot %d", img.Spec, img.Base), err)
 	}
-	if r.base, err = r.layer(img.Conn, img.Pool, img.Namespace, h, r.s1, 0); err != nil {
+	if r.base, err = r.imageLayer(img, h, r.s1); err != nil {
 		return err
 	}
 	r.shrunk = span{img.Shrunk[0], img.Shrunk[1] - img.Shrunk[0]}
