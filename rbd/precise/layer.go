@@ -158,19 +158,27 @@ func (r *Refiner) allocated(ctx context.Context, c candidate) ([]span, error) {
 func (l *layer) view(ctx context.Context, off, end int64) ([]span, error) {
 	var out []span
 	err := l.eachObject(ctx, off, end, func(o, oe, base int64, name string) error {
-		ext, err := l.data.extents(l.ioctx, name, o-base, oe-o, -1)
+		// Whether an object was maybe copied up densely is judged on the
+		// object from its start, so that a query from inside it (a
+		// starting_offset, a resume) gives the answer from 0, clipped.
+		copyUp := l.underParent(base) && !l.data.noMapext.Load()
+		from := o
+		if copyUp {
+			from = base
+		}
+		ext, err := l.data.extents(l.ioctx, name, from-base, oe-from, -1)
 		if err != nil {
 			return err
 		}
-		ext = clip(shift(ext, base), o, oe)
-		if l.underParent(base) && !l.data.noMapext.Load() && spanBytes(ext) > copyUpDense {
+		ext = clip(shift(ext, base), from, oe)
+		if copyUp && !l.data.noMapext.Load() && spanBytes(ext) > copyUpDense {
 			// Maybe copied up densely: leave its zeros out (checksums
 			// already did, where the pool refuses mapext).
 			if ext, err = l.withoutZeros(ctx, ext); err != nil {
 				return err
 			}
 		}
-		out = append(out, ext...)
+		out = append(out, clip(ext, o, oe)...)
 		return nil
 	}, func(o, oe int64) error {
 		p, err := l.parentView(ctx, o, oe)
