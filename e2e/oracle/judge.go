@@ -17,9 +17,9 @@ import (
 
 // CheckAll checks every Allocated and Delta of the last image, every pair
 // of its snapshots, in every mode of srcs, and logs the table (and the
-// history, when the test failed). The hazard tests use it on histories
-// they write by hand.
-func (w *Workload) CheckAll(srcs map[string]*rsm.Source) {
+// history, when the test failed), and returns the figures. The hazard
+// tests use it on histories they write by hand.
+func (w *Workload) CheckAll(srcs map[string]*rsm.Source) *Totals {
 	t := w.T
 	t.Helper()
 	tot := NewTotals()
@@ -29,6 +29,7 @@ func (w *Workload) CheckAll(srcs map[string]*rsm.Source) {
 	if t.Failed() {
 		t.Logf("history:\n%s", strings.Join(w.Log, "\n"))
 	}
+	return tot
 }
 
 // Check runs the queries of pairs on the last image, in each mode, against
