@@ -17,9 +17,9 @@ import (
 
 // CheckAll checks every Allocated and Delta of the last image, every pair
 // of its snapshots, in every mode of srcs, and logs the table (and the
-// history, when the test failed), and returns the figures. The hazard
-// tests use it on histories they write by hand.
-func (w *Workload) CheckAll(srcs map[string]*rsm.Source) *Totals {
+// history, when the test failed). The hazard tests use it on histories
+// they write by hand.
+func (w *Workload) CheckAll(srcs map[string]*rsm.Source) {
 	t := w.T
 	t.Helper()
 	tot := NewTotals()
@@ -29,7 +29,6 @@ func (w *Workload) CheckAll(srcs map[string]*rsm.Source) *Totals {
 	if t.Failed() {
 		t.Logf("history:\n%s", strings.Join(w.Log, "\n"))
 	}
-	return tot
 }
 
 // Check runs the queries of pairs on the last image, in each mode, against
@@ -127,12 +126,7 @@ func (w *Workload) Check(srcs map[string]*rsm.Source, tot *Totals) *Totals {
 				}
 				if !slices.Equal(preciseClip(fromGot, from), preciseClip(got, from)) {
 					o.differs++
-					if m.opts.Precise {
-						// Refinement is per object and judged on the
-						// object from its start: a starting_offset (or
-						// a resume) must not change the answer.
-						t.Errorf("%s from %d: %v, but from 0, clipped: %v", what, from, preciseClip(fromGot, from), preciseClip(got, from))
-					} else if differs++; differs <= 2 {
+					if differs++; differs <= 2 {
 						t.Logf("%s from %d: %v, from 0 clipped: %v", what, from, preciseClip(fromGot, from), preciseClip(got, from))
 					}
 				}

@@ -24,9 +24,6 @@ type layer struct {
 	oldFormat bool             // a format 1 image
 	objSize   int64
 	overlap   int64 // bytes backed by parent
-	// dataStart is where the user's data starts (after a Ceph-CSI LUKS
-	// header, the same in every layer): queries never start before it.
-	dataStart int64
 	parent    *layer
 }
 
@@ -69,9 +66,19 @@ func (r *Refiner) ioctx(conn *rados.Conn, pool, ns string, snap uint64) (*rados.
 // get_size, get_object_prefix, get_stripe_unit_count, get_data_pool),
 // rados_pool_reverse_lookup, rados_ioctx_snap_set_read.
 func (r *Refiner) layer(conn *rados.Conn, pool, ns, imageID string, snap uint64, depth int) (*layer, error) {
-	h, lay, err := readLayer(conn, pool, ns, imageID, snap)
+	hio, err := conn.OpenIOContext(pool)
 	if err != nil {
-		return nil, err
+		return nil, cepherr.Wrap("open pool "+pool, err)
+	}
+	defer hio.Destroy()
+	hio.SetNamespace(ns)
+	h, err := header.Read(hio, imageID, snap)
+	if err != nil {
+		return nil, cepherr.Wrap(fmt.Sprintf("read the header of image %s at snapshot %d", imageID, snap), err)
+	}
+	lay, err := header.ReadLayout(hio, imageID, snap, h.Features)
+	if err != nil {
+		return nil, cepherr.Wrap(fmt.Sprintf("read the layout of image %s at snapshot %d", imageID, snap), err)
 	}
 	// With one object per stripe, the stripe unit does not matter: byte b
 	// of the image is in object b / object size (a clone inherits its
@@ -91,7 +98,7 @@ func (r *Refiner) layer(conn *rados.Conn, pool, ns, imageID string, snap uint64,
 	if err != nil {
 		return nil, err
 	}
-	l := &layer{ioctx: ioctx, pool: dataPool, ns: ns, data: r.query(dataPool), prefix: lay.Prefix, objSize: int64(lay.ObjectSize), dataStart: r.dataStart}
+	l := &layer{ioctx: ioctx, pool: dataPool, ns: ns, data: r.query(dataPool), prefix: lay.Prefix, objSize: int64(lay.ObjectSize)}
 	if !h.HasParent || h.Overlap == 0 {
 		return l, nil
 	}
@@ -109,26 +116,6 @@ func (r *Refiner) layer(conn *rados.Conn, pool, ns, imageID string, snap uint64,
 	return l, nil
 }
 
-// readLayer reads the header and the layout of image imageID at snapshot
-// snap, on an ioctx of its own.
-func readLayer(conn *rados.Conn, pool, ns, imageID string, snap uint64) (header.Header, header.Layout, error) {
-	hio, err := conn.OpenIOContext(pool)
-	if err != nil {
-		return header.Header{}, header.Layout{}, cepherr.Wrap("open pool "+pool, err)
-	}
-	defer hio.Destroy()
-	hio.SetNamespace(ns)
-	h, err := header.Read(hio, imageID, snap)
-	if err != nil {
-		return h, header.Layout{}, cepherr.Wrap(fmt.Sprintf("read the header of image %s at snapshot %d", imageID, snap), err)
-	}
-	lay, err := header.ReadLayout(hio, imageID, snap, h.Features)
-	if err != nil {
-		return h, lay, cepherr.Wrap(fmt.Sprintf("read the layout of image %s at snapshot %d", imageID, snap), err)
-	}
-	return h, lay, nil
-}
-
 // format1Layer describes format 1 image img, set to snapshot snap: no
 // parent, no data pool, no striping.
 //
@@ -143,7 +130,7 @@ func (r *Refiner) format1Layer(conn *rados.Conn, pool, ns string, img *librbd.Im
 	if err != nil {
 		return nil, err
 	}
-	return &layer{ioctx: ioctx, pool: pool, ns: ns, data: r.query(pool), prefix: st.Block_name_prefix, oldFormat: true, objSize: int64(st.Obj_size), dataStart: r.dataStart}, nil
+	return &layer{ioctx: ioctx, pool: pool, ns: ns, data: r.query(pool), prefix: st.Block_name_prefix, oldFormat: true, objSize: int64(st.Obj_size)}, nil
 }
 
 // query returns the dataQuery of pool, made on first use.
@@ -171,26 +158,14 @@ func (r *Refiner) allocated(ctx context.Context, c candidate) ([]span, error) {
 func (l *layer) view(ctx context.Context, off, end int64) ([]span, error) {
 	var out []span
 	err := l.eachObject(ctx, off, end, func(o, oe, base int64, name string) error {
-		// Whether an object was maybe copied up densely is judged on the
-		// object from where a query from 0 starts in it, so that a query
-		// from inside it (a starting_offset, a resume) gives the answer
-		// from 0, clipped.
-		copyUp := l.underParent(base) && !l.data.noMapext.Load()
-		from := o
-		if copyUp {
-			from = max(base, l.dataStart)
-		}
-		ext, err := l.data.extents(l.ioctx, name, from-base, oe-from, -1)
+		ext, err := l.data.extents(l.ioctx, name, o-base, oe-o, -1)
 		if err != nil {
 			return err
 		}
-		ext = clip(shift(ext, base), from, oe)
-		// noMapext again: the query above may have found the pool
-		// refusing mapext, and then checksums already left zeros out.
-		dense := copyUp && !l.data.noMapext.Load() && spanBytes(ext) > copyUpDense
-		if ext = clip(ext, o, oe); dense {
-			// Maybe copied up densely: leave its zeros out, chunk by
-			// chunk (the same chunks whatever the query's start).
+		ext = clip(shift(ext, base), o, oe)
+		if l.underParent(base) && !l.data.noMapext.Load() && spanBytes(ext) > copyUpDense {
+			// Maybe copied up densely: leave its zeros out (checksums
+			// already did, where the pool refuses mapext).
 			if ext, err = l.withoutZeros(ctx, ext); err != nil {
 				return err
 			}

@@ -189,9 +189,8 @@ type Refiner struct {
 	walkMode, walkUsed string
 	listErr            string // why WalkList probed instead
 
-	conn      *rados.Conn
-	dataStart int64 // Image.Header: where the user's data starts
-	ioctxs    []*rados.IOContext
+	conn   *rados.Conn
+	ioctxs []*rados.IOContext
 	// queries has one dataQuery per data pool, by name.
 	queries map[string]*dataQuery
 
@@ -251,7 +250,7 @@ type Options struct {
 // (Refines reports false) and Stats says why: the caller then runs
 // librbd's exact diff. The caller must Close it.
 func Open(img Image, o Options) *Refiner {
-	r := &Refiner{s2: img.Target, conn: img.Conn, walkMode: o.Walk, dataStart: img.Header}
+	r := &Refiner{s2: img.Target, conn: img.Conn, walkMode: o.Walk}
 	if err := r.open(img, o); err != nil {
 		r.Close()
 		return &Refiner{unrefined: err.Error(), reason: reasonOf(err)}

@@ -2,7 +2,7 @@
 // object (rbd_header.<image id>) with cls_rbd's methods, in compound
 // RADOS reads, without opening the image: opening a clone opens its whole
 // parent chain too, so walking a chain of d images by opening each costs
-// about d²/2 opens, and reading their headers one or two reads per image. Both the lineage
+// about d²/2 opens, and reading the headers d reads. Both the lineage
 // check (package rbd) and precise mode's layers (rbd/precise) walk clone
 // chains this way, to the one depth limit MaxCloneDepth.
 package header
@@ -114,16 +114,16 @@ func Read(ioctx *rados.IOContext, imageID string, snap uint64) (Header, error) {
 
 // Layout is how a format 2 image lays its data out at a snapshot.
 type Layout struct {
+	Size        uint64 // bytes, at the snapshot
 	ObjectSize  uint64 // 1 << order
-	Prefix      string // the block name prefix (rbd_data.[<pool id>.]<image id>)
+	Prefix      string // the block name prefix: rbd_data.<image id>
 	StripeUnit  uint64
 	StripeCount uint64
 	DataPoolID  int64 // -1: the data objects are in the image's own pool
 }
 
 // ReadLayout reads the layout of image imageID at snapshot snap (NoSnap:
-// the head), whose features Read returned: get_size (order and size; it
-// fails with ENOENT for a snapshot that does not exist),
+// the head), whose features Read returned: get_size (order and size),
 // get_object_prefix, and, as the features say they are set,
 // get_stripe_unit_count (which fails without striping v2: one object per
 // stripe then) and get_data_pool, in one compound read.
@@ -150,7 +150,7 @@ func ReadLayout(ioctx *rados.IOContext, imageID string, snap, features uint64) (
 	}
 	d := decoder{b: b}
 	order := d.u8()
-	d.u64() // the size
+	l.Size = d.u64()
 	if d.err == nil && order > 63 {
 		d.err = fmt.Errorf("order %d", order)
 	}
