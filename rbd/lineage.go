@@ -127,9 +127,7 @@ var errVanished = errors.New("snapshot gone")
 // flatten removes it, from the head first (or from both, with
 // deep-flatten).
 //
-// Implements (through go-ceph): rados_ioctx_create, rados_ioctx_set_namespace,
-// rbd_open_by_id_read_only (rbd_open_read_only for format 1),
-// rbd_snap_set_by_id, rbd_get_parent, rbd_close.
+// Implements (through go-ceph): see parentAt.
 func readLineage(conn *rados.Conn, first link) (lineage, error) {
 	ln := lineage{first}
 	for {

@@ -22,7 +22,10 @@ const (
 // why. Only failing to read what a shrink cut off is an error.
 func (d *Diff) openPrecise() error {
 	t := d.target
-	img := precise.Image{Conn: d.cc.Rados(), Pool: t.pool, Namespace: t.namespace, ID: t.imageID, Name: t.image, Spec: t.imageSpec(),
+	// The image's ID as the lineage read it (the target's first link): a
+	// snapshot named by the native form carries none, and only a format 1
+	// image has none.
+	img := precise.Image{Conn: d.cc.Rados(), Pool: t.pool, Namespace: t.namespace, ID: d.lineages[0][0].imageID, Name: t.image, Spec: t.imageSpec(),
 		Target: t.snapID, Size: d.capacity + d.header, Header: d.header}
 	if d.header == 0 {
 		img.LibrbdEncrypted = librbdEncrypted(d.image)

@@ -259,31 +259,20 @@ func Open(img Image, o Options) *Refiner {
 }
 
 // imageLayer describes the image at snapshot snap, where its handle h
-// is set: a format 1 image from h, a format 2 one from its header (by
-// its ID, which an image opened by name has too).
+// is set: a format 1 image from h, a format 2 one from its header.
 func (r *Refiner) imageLayer(img Image, h *librbd.Image, snap uint64) (*layer, error) {
-	id := img.ID
-	if id == "" {
-		old, err := h.IsOldFormat()
-		if err != nil {
-			return nil, cepherr.Wrap("get image format", err)
-		}
-		if old {
-			return r.format1Layer(img.Conn, img.Pool, img.Namespace, h, snap)
-		}
-		if id, err = h.GetId(); err != nil {
-			return nil, cepherr.Wrap("get image id", err)
-		}
+	if img.ID == "" {
+		return r.format1Layer(img.Conn, img.Pool, img.Namespace, h, snap)
 	}
-	return r.layer(img.Conn, img.Pool, img.Namespace, id, snap, 0)
+	return r.layer(img.Conn, img.Pool, img.Namespace, img.ID, snap, 0)
 }
 
 // open reads the image's layers at the target (and base) snapshot, on a
 // handle of its own.
 //
 // Implements (through go-ceph): rados_ioctx_create, rbd_open_by_id_read_only
-// (rbd_open_read_only when named), rbd_snap_set_by_id, rbd_get_old_format,
-// rbd_get_id, rbd_get_features, rbd_close; the layers' reads (see layer).
+// (rbd_open_read_only for format 1), rbd_snap_set_by_id, rbd_get_features,
+// rbd_close; the layers' reads (see layer, format1Layer).
 func (r *Refiner) open(img Image, o Options) error {
 	if img.Header == 0 && img.LibrbdEncrypted {
 		return unrefinable{ReasonEncrypted, "the image looks encrypted by librbd (a LUKS header without Ceph-CSI's encryption metadata)"}

@@ -114,9 +114,8 @@ func Read(ioctx *rados.IOContext, imageID string, snap uint64) (Header, error) {
 
 // Layout is how a format 2 image lays its data out at a snapshot.
 type Layout struct {
-	Size        uint64 // bytes, at the snapshot
 	ObjectSize  uint64 // 1 << order
-	Prefix      string // the block name prefix: rbd_data.<image id>
+	Prefix      string // the block name prefix that names the data objects
 	StripeUnit  uint64
 	StripeCount uint64
 	DataPoolID  int64 // -1: the data objects are in the image's own pool
@@ -150,7 +149,7 @@ func ReadLayout(ioctx *rados.IOContext, imageID string, snap, features uint64) (
 	}
 	d := decoder{b: b}
 	order := d.u8()
-	l.Size = d.u64()
+	d.u64() // the size
 	if d.err == nil && order > 63 {
 		d.err = fmt.Errorf("order %d", order)
 	}
