@@ -12,9 +12,7 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
-	"os"
 	"slices"
-	"strconv"
 	"testing"
 	"time"
 
@@ -82,34 +80,6 @@ func Secrets(t *testing.T) map[string]string {
 	return map[string]string{rsm.SecretUserID: harness.ClusterEnv(t, "CEPH_USER"), rsm.SecretUserKey: harness.ClusterEnv(t, "CEPH_KEY")}
 }
 
-// Seeds returns the seeds to run: RSM_E2E_SEED alone, else
-// RSM_E2E_SEEDS (default 12) consecutive ones from a random start.
-func Seeds(t *testing.T) []uint64 { return SeedsOr(t, 12) }
-
-// SeedsOr is Seeds with n seeds by default.
-func SeedsOr(t *testing.T, n int) []uint64 {
-	if s := os.Getenv("RSM_E2E_SEED"); s != "" {
-		v, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			t.Fatalf("RSM_E2E_SEED=%q: %v", s, err)
-		}
-		return []uint64{v}
-	}
-	if s := os.Getenv("RSM_E2E_SEEDS"); s != "" {
-		v, err := strconv.Atoi(s)
-		if err != nil || v < 1 {
-			t.Fatalf("RSM_E2E_SEEDS=%q: want a positive number", s)
-		}
-		n = v
-	}
-	start := rand.Uint64() % 1_000_000
-	seeds := make([]uint64, n)
-	for i := range seeds {
-		seeds[i] = start + uint64(i)
-	}
-	return seeds
-}
-
 // Image is one image of a workload and its snapshots, oldest first.
 type Image struct {
 	Name      string
@@ -165,6 +135,7 @@ type Workload struct {
 // NewWorkload returns the workload of seed on ioctx: its random source is
 // seeded by seed alone, so that a seed replays its history.
 func NewWorkload(t *testing.T, ioctx *rados.IOContext, seed uint64) *Workload {
+	watchSeed(t, seed) // a seed of Seeds: logged, and named if t fails
 	return &Workload{T: t, IOCtx: ioctx, seed: seed, Rng: rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15)), kinds: map[string]bool{}}
 }
 
