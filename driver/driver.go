@@ -1,18 +1,20 @@
 // Package driver serves the CSI SnapshotMetadata and Identity services on
 // top of a Source of snapshot diffs.
 //
-// Each RPC runs exactly one diff of its Source, from the request's
-// starting_offset to the end of the volume, and streams the extents as they
-// arrive, in pages of at most max_results tuples (see pager). A sender
+// Each RPC opens a diff of its Source and iterates it from the request's
+// starting_offset to the end of the volume, streaming the extents as they
+// arrive, in pages of at most max_results tuples (see pager). One diff runs
+// at a time, but an RPC may open several, one after another: a diff that
+// fails with an error that goes away by itself is closed, opened again and
+// iterated from where the stream stopped, and a first open that fails so
+// is retried, all within Options.ResumeBudget (see resume.go). A sender
 // goroutine sends the pages, so that encoding overlaps the diff; when the
 // client does not take them, the diff waits: memory stays at most three
-// pages, whatever the size of the volume. A stream ends with OK
-// only when every extent has been sent; a cancelled call, a failed send or
-// a failed diff stops the diff at once and ends the stream with an error.
-// A client that takes no page for Options.StallTimeout gets
-// DEADLINE_EXCEEDED, and its diff is stopped and closed. A diff that fails
-// with an error that goes away by itself is re-opened and resumed inside
-// the stream, within Options.ResumeBudget (see resume.go).
+// pages, whatever the size of the volume. A stream ends with OK only when
+// every extent has been sent; a cancelled call, a failed send or a diff
+// error that is not resumed stops the diff at once and ends the stream
+// with an error. A client that takes no page for Options.StallTimeout gets
+// DEADLINE_EXCEEDED, and its diff is stopped and closed.
 //
 // The package needs no cgo: Ceph is behind the Source interface, and the
 // tests use a fake.

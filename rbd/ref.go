@@ -68,7 +68,9 @@ func (r snapRef) sameImage(o snapRef) bool {
 	return r.image != "" && r.image == o.image
 }
 
-// imageSpec names the image for messages: pool[/namespace]/image.
+// imageSpec names the image for messages: pool[/namespace]/image, or
+// pool[/namespace]/id:ID when the name is unknown and only the image's ID
+// is known.
 func (r snapRef) imageSpec() string {
 	s := r.pool + "/"
 	if r.namespace != "" {

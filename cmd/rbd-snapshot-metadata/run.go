@@ -26,8 +26,8 @@ import (
 // defaultMaxStreams is --max-streams' default. A stream holds at most three
 // pages (about 2 MiB at the default page size, 14 MiB at the largest), an
 // image, and in precise mode up to 32 objects refined at once, each in a
-// librados call (rbd's preciseWindow and preciseWalkWindow; a walk's
-// delta, walkBatch*walkDeltaWindow list_snaps): 32 streams
+// librados call (preciseWindow and preciseWalkWindow in rbd/precise; a
+// walk's delta, walkBatch*walkDeltaWindow list_snaps): 32 streams
 // stay within a few hundred MiB in a provisioner pod, while backup tools
 // read a few volumes at a time.
 const defaultMaxStreams = 32
