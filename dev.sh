@@ -4,7 +4,8 @@
 #
 #   ./dev.sh demo     a throwaway Ceph cluster, the server, and real changed blocks
 #   ./dev.sh test     unit tests, then e2e tests against a fresh real cluster
-#                     (reef), then the matrix (tentacle and cross-version)
+#                     (reef), then the matrix (tentacle and cross-version),
+#                     then the image; ends with the table of its phases' times
 #   ./dev.sh unit     gofmt, go vet, unit tests (the driver also without cgo), -race
 #   ./dev.sh e2e [go test args]   e2e tests only (RSM_CEPH=tentacle: on Ceph tentacle)
 #   ./dev.sh matrix   the tests of e2e/matrix.txt's matrix list on tentacle, and
@@ -16,10 +17,17 @@
 #                     e2e tests on tentacle with the image's entrypoint
 #   ./dev.sh build    bin/rbd-snapshot-metadata (cgo, librbd) and bin/snapmeta (pure Go)
 #   ./dev.sh deps     the host packages the build needs
+#   ./dev.sh phases SECONDS RC   print the phase table of RSM_PHASES and the total
 #
 # RSM_TAGS holds the build tags for go-ceph: "pacific" for Debian 12's librbd
 # headers (the default); empty when building against reef's. The binary built
 # against pacific headers finds reef's rbd_diff_iterate3 at run time.
+#
+# test, matrix and bench time their steps and end with a table of them
+# (name, seconds, result) and the total, also when a step fails. The rows go
+# to the file RSM_PHASES names: set by a caller that runs several of them
+# and prints the table itself (.ci/run, with ./dev.sh phases), else a temp
+# file of the call's own.
 set -euo pipefail
 cd "$(dirname "$0")"
 TAGS=${RSM_TAGS-pacific}
@@ -70,6 +78,49 @@ e2e() {
 	e2e/run-e2e.sh "$@"
 }
 
+# phase NAME CMD...: runs CMD (a function too, with errexit, in a
+# subshell) as one row of the phase table: "NAME SECONDS RC" appended to
+# $RSM_PHASES when set. CMD sees RSM_PHASE=NAME, so that e2e/run-e2e.sh
+# names the rows of the Kubernetes builds it times NAME/k8s and so on.
+# Returns CMD's exit code. Call it as a statement of its own, not in an
+# if or a || list, where bash ignores errexit inside CMD's functions.
+phase() {
+	local name=$1 start=$SECONDS rc errexit=$-
+	shift
+	set +e
+	(
+		set -e
+		export RSM_PHASE=$name
+		"$@"
+	)
+	rc=$?
+	[[ $errexit != *e* ]] || set -e
+	[ -z "${RSM_PHASES:-}" ] || echo "$name $((SECONDS - start)) $rc" >>"$RSM_PHASES"
+	return "$rc"
+}
+
+# own_phases: a temp RSM_PHASES for this call, printed as the table when
+# it exits, however it exits, unless a caller has set RSM_PHASES (and
+# prints it).
+own_phases() {
+	[ -z "${RSM_PHASES:-}" ] || return 0
+	RSM_PHASES=$(mktemp -t rsm-phases.XXXXXX)
+	export RSM_PHASES
+	trap 'rc=$?; phases_table "$SECONDS" "$rc" || true; rm -f "$RSM_PHASES"; exit "$rc"' EXIT
+}
+
+# phases_table SECONDS RC: the rows of $RSM_PHASES in the order they
+# ended (a step's own steps before it), then the total.
+phases_table() {
+	local total=${1:?phases SECONDS RC} rc=${2:?phases SECONDS RC}
+	[ -n "${RSM_PHASES:-}" ] || { echo "dev: phases: RSM_PHASES is not set" >&2; return 2; }
+	awk -v total="$total" -v rc="$rc" '
+		function row(name, s, r) { printf "dev: %-40s %7s  %s\n", name, s, r == 0 ? "ok" : "FAILED (exit " r ")" }
+		BEGIN { printf "dev: %-40s %7s  %s\n", "phase", "seconds", "result" }
+		NF == 3 { row($1, $2, $3) }
+		END { row("total", total, rc) }' "$RSM_PHASES" >&2
+}
+
 # tests_of LIST: the anchored go test -run regex of the tests that
 # e2e/matrix.txt puts in LIST (matrix_test.go checks its names).
 tests_of() {
@@ -84,26 +135,50 @@ tests_of() {
 # ./dev.sh e2e (reef only) does not cover: e2e/matrix.txt's matrix list on
 # tentacle, its cross list across versions. RSM_CEPH is the cluster's
 # release, RSM_CLIENT_CEPH the one whose librbd the server and tests use.
-matrix() {
-	build
+# Each leg is a phase, matrix-CLUSTER-LIBRBD.
+legs() {
 	local matrix cross t m cluster client tests
 	matrix=$(tests_of matrix)
 	cross=$(tests_of cross)
 	for m in tentacle/tentacle/"$matrix" tentacle/reef/"$cross" reef/tentacle/"$cross"; do
 		IFS=/ read -r cluster client tests <<<"$m"
-		t=$(date +%s)
+		t=$SECONDS
 		echo "dev: e2e, $cluster cluster, $client librbd" >&2
-		RSM_CEPH=$cluster RSM_CLIENT_CEPH=$client e2e/run-e2e.sh -run "$tests"
-		echo "dev: e2e, $cluster cluster, $client librbd: passed in $(($(date +%s) - t)) s" >&2
+		phase "matrix-$cluster-$client" env RSM_CEPH="$cluster" RSM_CLIENT_CEPH="$client" e2e/run-e2e.sh -run "$tests"
+		echo "dev: e2e, $cluster cluster, $client librbd: passed in $((SECONDS - t)) s" >&2
 	done
 }
 
+# rootfs RELEASE: the release's root filesystem, built or restored now as
+# a phase of its own rather than inside the first e2e run that needs it.
+rootfs() { phase "rootfs-$1" env RSM_CEPH="$1" e2e/rootfs.sh; }
+
+matrix() {
+	phase build build
+	rootfs tentacle
+	rootfs reef
+	legs
+}
+
+# ./dev.sh test: what e2e and matrix do, with one build, then the image.
+test_all() {
+	phase unit unit
+	phase build build
+	rootfs reef
+	phase "e2e-${RSM_CEPH:-reef}" e2e/run-e2e.sh
+	rootfs tentacle
+	legs
+	phase image e2e/image-build-test.sh
+}
+
 case "${1:-}" in
-deps | build | unit | lint | matrix) "$1" ;;
+deps | build | unit | lint) "$1" ;;
+matrix) own_phases; matrix ;;
 e2e) shift; e2e "$@" ;;
 image) shift; e2e/image-build-test.sh "$@" ;;
-bench) shift; build; e2e/run-bench.sh "$@" ;;
-test) unit; e2e; matrix; e2e/image-build-test.sh ;;
+bench) shift; own_phases; phase build build; phase bench e2e/run-bench.sh "$@" ;;
+test) own_phases; test_all ;;
+phases) shift; phases_table "$@" ;;
 demo) build; e2e/demo.sh ;;
-*) sed -n '2,22s/^# \{0,1\}//p' "$0" >&2; exit 2 ;;
+*) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0" >&2; exit 2 ;;
 esac

@@ -13,9 +13,20 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 cd "$HERE/.."
 
+# timed NAME CMD...: CMD, and its row in ./dev.sh's phase table when
+# RSM_PHASES names one: "PHASE/NAME SECONDS RC", PHASE being dev.sh's step
+# that runs this script (RSM_PHASE). Returns CMD's exit code.
+timed() {
+  local name=$1 start=$SECONDS rc=0
+  shift
+  "$@" || rc=$?
+  [ -z "${RSM_PHASES:-}" ] || echo "${RSM_PHASE:+$RSM_PHASE/}$name $((SECONDS - start)) $rc" >>"$RSM_PHASES"
+  return "$rc"
+}
+
 # The Kubernetes binaries of k8s_test.go: ~5 min to build once, then cached.
 # A failed build (no module proxy) fails that test, not the run.
-if RSM_K8S_BIN=$("$HERE/k8s/k8s.sh" build); then
+if RSM_K8S_BIN=$(timed k8s "$HERE/k8s/k8s.sh" build); then
   export RSM_K8S_BIN
   export RSM_BIND="$RSM_K8S_BIN${RSM_BIND:+ $RSM_BIND}"
 else
@@ -26,7 +37,7 @@ fi
 # ceph-csi-operator's manager and the operator's and Rook's manifests for
 # k8s_operator_test.go (e2e/k8s/k8s.sh csi-operator): minutes once (README), then
 # cached. A failed build fails that test, not the run.
-if RSM_CSI_OPERATOR_BIN=$("$HERE/k8s/k8s.sh" csi-operator); then
+if RSM_CSI_OPERATOR_BIN=$(timed csi-operator "$HERE/k8s/k8s.sh" csi-operator); then
   export RSM_CSI_OPERATOR_BIN
   export RSM_BIND="$RSM_CSI_OPERATOR_BIN${RSM_BIND:+ $RSM_BIND}"
 else
@@ -35,7 +46,7 @@ else
   echo "run-e2e: $RSM_CSI_OPERATOR_BUILD_ERROR" >&2
 fi
 # helm, for the chart's test (k8s_helm_test.go): a build and cache of its own.
-if RSM_HELM_BIN=$("$HERE/k8s/k8s.sh" helm); then
+if RSM_HELM_BIN=$(timed helm "$HERE/k8s/k8s.sh" helm); then
   export RSM_HELM_BIN
   export RSM_BIND="$RSM_HELM_BIN${RSM_BIND:+ $RSM_BIND}"
 else
