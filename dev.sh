@@ -11,6 +11,10 @@
 #   ./dev.sh matrix   the tests of e2e/matrix.txt's matrix list on tentacle, and
 #                     of its cross list across versions (reef's librbd on a
 #                     tentacle cluster, tentacle's on reef)
+#   ./dev.sh soak [N] the oracle tests (e2e/matrix.txt's soak list) with N fresh
+#                     random seeds each (default 12) on a throwaway reef cluster
+#                     (RSM_CEPH for another); prints each failing seed as the
+#                     line to add to e2e/oracle/seeds.go, which CI runs forever
 #   ./dev.sh bench [go test args]   the benchmark; RSM_BENCH_SCALE=full for 2^20 extents, 1 TiB and 10 TiB
 #   ./dev.sh image [go test args]   build the Dockerfile with buildah, run its server
 #                     against tentacle (aes256k key) and reef (aes key), then
@@ -23,7 +27,7 @@
 # headers (the default); empty when building against reef's. The binary built
 # against pacific headers finds reef's rbd_diff_iterate3 at run time.
 #
-# test, matrix and bench time their steps and end with a table of them
+# test, matrix, soak and bench time their steps and end with a table of them
 # (name, seconds, result) and the total, also when a step fails. The rows go
 # to the file RSM_PHASES names: set by a caller that runs several of them
 # and prints the table itself (.ci/run, with ./dev.sh phases), else a temp
@@ -171,10 +175,58 @@ test_all() {
 	phase image e2e/image-build-test.sh
 }
 
+# soak [N]: the tests of e2e/matrix.txt's soak list, with N fresh random
+# seeds each (RSM_E2E_SEEDS: consecutive from a random start), on a
+# throwaway cluster of RSM_CEPH (default reef). go test's output (-v) goes
+# to a log under /var/tmp too; then the number of seeds run, and each that
+# failed as the line to append to Failed in e2e/oracle/seeds.go. The
+# oracle logs "oracle: seed=N test=T" per seed run and "oracle: FAILED
+# seed=N test=T" per failed one (e2e/oracle/seeds.go, watchSeed).
+soak() {
+	local n=${1:-12} ceph=${RSM_CEPH:-reef} tests log rc
+	[[ $n =~ ^[1-9][0-9]*$ ]] || { echo "dev: soak N: want a positive number of seeds, not '$n'" >&2; return 2; }
+	tests=$(tests_of soak)
+	own_phases
+	log=/var/tmp/rsm-soak-$(date +%Y%m%d-%H%M%S)-$$.log
+	phase build build
+	rootfs "$ceph"
+	echo "dev: soak: $n random seeds each for $tests on $ceph; go test's output in $log" >&2
+	# go test's default in run-e2e.sh is 60 min; about 1.5 min per seed
+	# of each test on a loaded machine, twice that here.
+	set +e
+	phase soak soak_run "$n" "$ceph" "$tests" "$log" "$((20 + 3 * n > 60 ? 20 + 3 * n : 60))m"
+	rc=$?
+	set -e
+	soak_report "$log" "$ceph" "$rc"
+	return "$rc"
+}
+
+# soak_run N RELEASE REGEX LOG TIMEOUT: the soak's go test, into LOG too.
+soak_run() {
+	RSM_CEPH=$2 RSM_E2E_SEEDS=$1 e2e/run-e2e.sh -run "$3" -v -timeout "$5" 2>&1 | tee "$4"
+}
+
+# soak_report LOG RELEASE RC: the soak's summary from the oracle's lines.
+soak_report() {
+	local log=$1 ceph=$2 rc=$3 ran failed nfailed
+	ran=$({ grep -oE 'oracle: seed=[0-9]+ test=[A-Za-z0-9_]+' "$log" || true; } | sort -u | wc -l)
+	failed=$({ grep -oE 'oracle: FAILED seed=[0-9]+ test=[A-Za-z0-9_]+' "$log" || true; } | sort -u)
+	nfailed=0
+	[ -z "$failed" ] || nfailed=$(wc -l <<<"$failed")
+	echo "dev: soak: $ran seeds run, $nfailed failed (go test exit $rc); log $log" >&2
+	if [ "$nfailed" -gt 0 ]; then
+		echo "dev: soak: append to Failed in e2e/oracle/seeds.go, and say in Why what each found:" >&2
+		sed -E 's/^oracle: FAILED seed=([0-9]+) test=([A-Za-z0-9_]+)$/\t{Seed: \1, Test: "\2", Why: ".\/dev.sh soak on '"$ceph, $(date +%F)"'"},/' <<<"$failed"
+	elif [ "$rc" -ne 0 ]; then
+		echo "dev: soak: go test failed, but in no seed (a test's own check, a timeout, the cluster): see $log" >&2
+	fi
+}
+
 case "${1:-}" in
 deps | build | unit | lint) "$1" ;;
 matrix) own_phases; matrix ;;
 e2e) shift; e2e "$@" ;;
+soak) shift; soak "$@" ;;
 image) shift; e2e/image-build-test.sh "$@" ;;
 bench) shift; own_phases; phase build build; phase bench e2e/run-bench.sh "$@" ;;
 test) own_phases; test_all ;;
