@@ -23,11 +23,29 @@
 //	RSM_SERVER_BIN=$PWD/bin/rbd-snapshot-metadata RSM_BIND="/var/tmp/rsm-c $PWD/bin" \
 //	  go test -tags pacific,e2e -count=1 -exec "$PWD/e2e/exec.sh" ./e2e/
 //
-// Knobs: RSM_E2E_SEED=n replays one seed of the oracle tests, RSM_E2E_SEEDS=n
-// runs n seeds (default 12); RSM_E2E_BIG=1 adds the slow variants
-// (TestManyWrites with 2^20 writes); RSM_BENCH=1 runs the benchmark
-// (e2e/run-bench.sh); RSM_CLIENT_CEPH picks the librbd the tests and the
-// server run with, RSM_CEPH the cluster's release (./dev.sh matrix).
+// Knobs: RSM_E2E_SEED=n replays one seed of the oracle tests,
+// RSM_E2E_SEEDS=n runs n fresh random seeds instead of the fixed ones
+// (the soak's); RSM_E2E_BIG=1 adds the slow variants (TestManyWrites
+// with 2^20 writes); RSM_BENCH=1 runs the benchmark (e2e/run-bench.sh);
+// RSM_CLIENT_CEPH picks the librbd the tests and the server run with,
+// RSM_CEPH the cluster's release (./dev.sh matrix).
+//
+// What CI runs (.ci/run: ./dev.sh test, then ./dev.sh bench): every test
+// of the index below on reef, the benchmark's skipped; the tests of
+// e2e/matrix.txt's matrix list on tentacle, and of its cross list with
+// reef's librbd on a tentacle cluster and tentacle's on a reef one
+// (./dev.sh matrix); the tests of the server with the image's entrypoint
+// on tentacle (./dev.sh image); then the benchmark's tests (./dev.sh
+// bench). RSM_E2E_BIG's variants run in no CI. The oracle tests, those of
+// e2e/matrix.txt's soak list (TestPreciseOracle,
+// TestPreciseOracleLayering, TestPreciseOracleECDataPool,
+// TestPreciseVolumeKinds), run in CI on a fixed, recorded set of seeds
+// (e2e/oracle/seeds.go: every seed that ever failed, oracle.Failed, and
+// a sample, oracle.Sample), the same on every run. Fresh random seeds
+// run only in the soak, ./dev.sh soak [N] (N per test on a throwaway
+// reef cluster), which prints each seed that fails as the line to add to
+// oracle.Failed, so that CI replays it from then on. matrix_test.go at
+// the repository's root checks e2e/matrix.txt's names.
 //
 // # What the harness offers
 //
