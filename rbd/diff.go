@@ -41,6 +41,9 @@ type Diff struct {
 	capacity int64 // as the user sees the volume: the image minus header
 	header   int64 // LUKS header before the user's data; 0 unless encrypted
 	closed   bool
+	// settleUnit and settleWindow: the holdback of librbd's extents
+	// (settle.go), in bytes of a unit and units.
+	settleUnit, settleWindow int64
 	// lineages of the target and the base, as they were at open; Iterate
 	// succeeds only if they still hold at its end (lineage.go).
 	lineages []lineage
@@ -114,7 +117,8 @@ func (d *Diff) open() error {
 		return fmt.Errorf("encrypted snapshot %s: LUKS header of %d bytes is larger than the image (%d bytes)", t, header, size)
 	}
 	d.header, d.capacity = header, int64(size)-header
-	return nil
+	d.settleUnit, d.settleWindow, err = d.readSettle()
+	return err
 }
 
 // refuseMigrating fails with errors.ErrUnsupported when img takes part in
@@ -329,27 +333,30 @@ func discardOnTimeout(conns *conn.Cache, cc *conn.Conn, err error) {
 // before offset did (driver.Resumer): the start of the object holding
 // offset, or of its object set when the image is striped (librbd may
 // report the rest of an object from an offset inside it, and precise mode
-// refines whole objects). LUKS offsets are shifted as Iterate's. When the
-// layout cannot be read it returns 0: correct too, only slower.
-//
-// Implements (through go-ceph): rbd_stat, rbd_get_stripe_count.
+// refines whole objects). LUKS offsets are shifted as Iterate's. The
+// driver resumes at the end of what a failed Iterate delivered, which is a
+// complete prefix of the answer (settle.go).
 func (d *Diff) ResumeFrom(offset int64) int64 {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.closed || d.image == nil {
+	unit := d.settleUnit
+	if unit <= 0 {
 		return 0
 	}
-	st, err := d.image.Stat()
-	if err != nil || st.Obj_size == 0 {
-		return 0
-	}
-	sc, err := d.image.GetStripeCount()
-	if err != nil || sc == 0 {
-		return 0
-	}
-	unit := int64(st.Obj_size) * int64(sc)
 	raw := offset + d.header
 	return max(raw-raw%unit-d.header, 0)
+}
+
+// CheckFrom returns where a stream resumed at offset re-reads from to
+// check its seam (driver.SeamChecker): twice the holdback's window of
+// object sets before ResumeFrom(offset), so that the check reaches back
+// past any hole that a holdback too short would have let through.
+func (d *Diff) CheckFrom(offset int64) int64 {
+	from := d.ResumeFrom(offset)
+	d.mu.Lock()
+	back := 2 * d.settleWindow * d.settleUnit
+	d.mu.Unlock()
+	return max(from-back, 0)
 }
 
 // Close closes the image and the pool and releases the cluster connection.

@@ -38,12 +38,15 @@ func (o objectDiffer) DiffObjects(ctx context.Context, q precise.Objects, fn fun
 //     librbd returned (with the callback's stack).
 //
 // librbd calls back on the calling thread: fn may block, which blocks
-// librbd.
+// librbd. fn gets an extent only once librbd can no longer fail before it
+// (settle.go): when librbd fails, fn has had a complete prefix of the
+// answer, and a resumed stream misses nothing.
 func (d *Diff) diff(ctx context.Context, q precise.Objects, whole bool, fn func(off, length int64, exists bool) error) error {
 	var (
 		kept     error
 		panicked *callbackPanic
 		called   bool
+		s        = newSettle(d.settleUnit, d.settleWindow, fn)
 	)
 	cb := func(off, length uint64, exists int, _ any) (ret int) {
 		defer func() {
@@ -58,7 +61,7 @@ func (d *Diff) diff(ctx context.Context, q precise.Objects, whole bool, fn func(
 			return errStop
 		}
 		if kept = ctx.Err(); kept == nil {
-			kept = fn(int64(off), int64(length), exists != 0)
+			kept = s.add(int64(off), int64(length), exists != 0)
 		}
 		if kept != nil {
 			return errStop
@@ -66,6 +69,17 @@ func (d *Diff) diff(ctx context.Context, q precise.Objects, whole bool, fn func(
 		return 0
 	}
 	err := d.diffIterate(q, whole, cb, func() bool { return called })
+	if err == nil && kept == nil && panicked == nil {
+		// Only now is every held extent known to be complete.
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					panicked = &callbackPanic{value: r, stack: debug.Stack()}
+				}
+			}()
+			kept = s.flush()
+		}()
+	}
 	if panicked != nil {
 		panic(panicked)
 	}
