@@ -91,8 +91,12 @@ func (r *streamRun) iterate(ctx context.Context) error {
 			// stream ends for the cancel, not for the cluster.
 			return ctx.Err()
 		}
-		if cause == nil || r.final(ctx, cause) {
-			return cause
+		if cause == nil {
+			// A resumed diff that ended before the resume point.
+			return r.seamErr(ctx, r.seam.finish())
+		}
+		if r.final(ctx, cause) {
+			return r.seamErr(ctx, cause)
 		}
 		at := r.p.resume()
 		failed := time.Now()
@@ -104,6 +108,7 @@ func (r *streamRun) iterate(ctx context.Context) error {
 		if rs, ok := r.diff.(Resumer); ok {
 			from = max(r.start, min(rs.ResumeFrom(at), at))
 		}
+		from = r.seam.begin(r.diff, r.start, at, from)
 		r.resumed(ctx, cause, failed, at, from)
 	}
 }
@@ -119,11 +124,39 @@ func (r *streamRun) resumed(ctx context.Context, cause error, failed time.Time, 
 }
 
 // add hands an extent to the pager, keeping the pager's error: it ends the
-// stream (the client's side failed), it is never resumed.
+// stream (the client's side failed), it is never resumed. While a resumed
+// stream checks its seam (seam.go), the extents before the resume point
+// are compared instead; a mismatch ends the stream too.
 func (r *streamRun) add(e Extent) error {
+	if r.seam.checking {
+		over, err := r.seam.check(e)
+		if err != nil {
+			r.addErr = err
+			return err
+		}
+		if !over {
+			return nil
+		}
+	}
+	r.seam.record(r.diff, e)
 	err := r.p.add(e)
 	if err != nil {
 		r.addErr = err
+	}
+	return err
+}
+
+// seamErr logs and counts err when it is a failed seam check, and
+// returns it.
+func (r *streamRun) seamErr(ctx context.Context, err error) error {
+	var m errSeamMismatch
+	if !errors.As(err, &m) {
+		return err
+	}
+	klog.FromContext(ctx).Error(err, "A resumed diff disagrees with what the stream sent: ending it ABORTED",
+		"offset", m.until, "resumes", r.resumes)
+	if so, ok := r.d.opts.Observer.(SeamObserver); ok {
+		so.SeamMismatch(r.method)
 	}
 	return err
 }

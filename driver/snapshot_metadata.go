@@ -70,6 +70,7 @@ type streamRun struct {
 	resumes  int           // diffs re-opened
 	resuming time.Duration // spent re-opening, in all
 	ref      Refinement    // what precise mode did in the diffs closed
+	seam     seam          // the check of a resumed diff (seam.go)
 }
 
 // stream runs one diff and sends its pages; both RPCs end here. Every

@@ -28,6 +28,8 @@ const (
 		"it tried for %v (%d re-opens in the last outage); resume from the byte after the last tuple received. Last error: %v"
 	msgLineageChanged = "the snapshots' parents changed while the stream was being resumed (a parent flattened meanwhile?), " +
 		"so what was sent may miss changes: ask again"
+	msgSeamMismatch = "the stream's diff failed and was resumed, and the resumed diff has changes before offset %d that were not sent " +
+		"(in %d+%d): what was sent misses changes: ask again"
 	msgCapacityChanged = "the snapshot's size changed from %d to %d bytes between two opens of one stream; snapshots are immutable"
 )
 

@@ -31,6 +31,7 @@ type Metrics struct {
 	fallback    *prometheus.CounterVec
 	resumes     *prometheus.CounterVec
 	resuming    *prometheus.HistogramVec
+	seams       *prometheus.CounterVec
 }
 
 // New makes the metrics. conns, when not nil, reports the number of cached
@@ -85,9 +86,13 @@ func New(conns func() float64) *Metrics {
 			Help:    "Time from a diff's failure to its re-opened diff (outcome resumed), or to the end of the stream that could not resume (outcome failed: budget spent, an error that lasts, a cancel).",
 			Buckets: prometheus.ExponentialBuckets(0.25, 2, 11), // 0.25 s .. 4.3 min
 		}, []string{"outcome"}),
+		seams: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "stream_seam_mismatches_total",
+			Help: "Resumed streams ended ABORTED because the resumed diff disagreed with what they had sent before the resume point: a Source that lost extents before a failure. Should stay 0.",
+		}, []string{"method"}),
 	}
 	m.Registry.MustRegister(m.rpcs, m.duration, m.inFlight, m.tuples, m.bytes, m.diff, m.refined, m.checksummed, m.fallback,
-		m.resumes, m.resuming,
+		m.resumes, m.resuming, m.seams,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if conns != nil {
 		m.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -162,4 +167,13 @@ func (m *Metrics) Resumed(_, reason string, took time.Duration, ok bool) {
 		m.resumes.WithLabelValues(reason).Inc()
 	}
 	m.resuming.WithLabelValues(outcome).Observe(took.Seconds())
+}
+
+// SeamMismatch counts one stream ended ABORTED by its seam check. It
+// implements driver.SeamObserver.
+func (m *Metrics) SeamMismatch(method string) {
+	if m == nil {
+		return
+	}
+	m.seams.WithLabelValues(method).Inc()
 }

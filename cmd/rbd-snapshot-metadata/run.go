@@ -218,4 +218,5 @@ func checkConfig(path string) error {
 var (
 	_ driver.RefinementObserver = (*metrics.Metrics)(nil)
 	_ driver.ResumeObserver     = (*metrics.Metrics)(nil)
+	_ driver.SeamObserver       = (*metrics.Metrics)(nil)
 )

@@ -4,6 +4,7 @@ package drivertest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"sync"
@@ -25,6 +26,10 @@ type Volume struct {
 	// starts inside an object that holds an extent there (as librbd may),
 	// and say where to resume (driver.Resumer): at the object's start.
 	ObjectSize int64
+	// CheckObjects, with ObjectSize, makes the volume's diffs check the
+	// seam of a resumed stream (driver.SeamChecker) from that many
+	// objects before the object where it resumes.
+	CheckObjects int64
 }
 
 // Source serves fixed extents. Hooks let a test fail or stall a diff.
@@ -38,7 +43,9 @@ type Source struct {
 	// OpenErr, when set, fails Open.
 	OpenErr error
 	// BeforeExtent, when set, runs before the i-th extent of a diff is
-	// delivered; an error from it fails the diff.
+	// delivered; an error from it fails the diff, but ErrSkip, which
+	// leaves the extent out, as librbd leaves out those of a request that
+	// failed while it delivers later ones.
 	BeforeExtent func(ctx context.Context, i int) error
 	// OpenHook, when set, runs before each Open, given how many Opens came
 	// before; an error from it fails that Open.
@@ -47,6 +54,9 @@ type Source struct {
 	// that names Lineage(n).
 	Lineage func(n int) string
 }
+
+// ErrSkip, from Source.BeforeExtent, leaves an extent out.
+var ErrSkip = errors.New("drivertest: leave this extent out")
 
 // TemporaryError is an error that goes away by itself (see driver.Source).
 type TemporaryError struct{ Why string }
@@ -102,9 +112,12 @@ func (s *Source) Open(ctx context.Context, req driver.OpenRequest) (driver.Diff,
 	}
 	s.open++
 	s.opened++
-	d := &diff{src: s, capacity: v.Capacity, extents: ext, obj: v.ObjectSize}
+	d := &diff{src: s, capacity: v.Capacity, extents: ext, obj: v.ObjectSize, check: v.CheckObjects}
 	if s.Lineage != nil {
 		return lineageDiff{d, s.Lineage(n)}, nil
+	}
+	if d.obj > 0 && d.check > 0 {
+		return checkedDiff{objectDiff{d}}, nil
 	}
 	if d.obj > 0 {
 		return objectDiff{d}, nil
@@ -133,7 +146,17 @@ type diff struct {
 	capacity int64
 	extents  []driver.Extent
 	obj      int64 // Volume.ObjectSize
+	check    int64 // Volume.CheckObjects
 	closed   bool
+}
+
+// checkedDiff is an objectDiff that checks seams: a driver.SeamChecker.
+type checkedDiff struct{ objectDiff }
+
+// CheckFrom implements driver.SeamChecker: d.check objects before the
+// object of offset.
+func (d checkedDiff) CheckFrom(offset int64) int64 {
+	return max(d.ResumeFrom(offset)-d.check*d.obj, 0)
 }
 
 // objectDiff is a diff of a volume with objects: a driver.Resumer.
@@ -168,7 +191,9 @@ func (d *diff) Iterate(ctx context.Context, offset int64, fn func(driver.Extent)
 			return err
 		}
 		if h := d.src.BeforeExtent; h != nil {
-			if err := h(ctx, i); err != nil {
+			if err := h(ctx, i); errors.Is(err, ErrSkip) {
+				continue
+			} else if err != nil {
 				return err
 			}
 		}

@@ -52,8 +52,9 @@ func (d diff) Refinement() driver.Refinement {
 // Lineage and ResumeFrom come from the embedded *rbd.Diff, Refinement from
 // the adapter. Losing one would not fail to compile anywhere else.
 var (
-	_ driver.Diff     = diff{}
-	_ driver.Refiner  = diff{}
-	_ driver.Lineager = diff{}
-	_ driver.Resumer  = diff{}
+	_ driver.Diff        = diff{}
+	_ driver.Refiner     = diff{}
+	_ driver.Lineager    = diff{}
+	_ driver.SeamChecker = diff{}
+	_ driver.Resumer     = diff{}
 )

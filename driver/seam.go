@@ -1,0 +1,165 @@
+package driver
+
+import (
+	"fmt"
+)
+
+// The seam check: a resumed stream re-reads some of what it already has,
+// and compares.
+//
+// A stream resumed after a failed diff goes on from the end of the
+// extents that diff delivered, and relies on the Source for them being a
+// complete prefix of the answer (rbd holds librbd's extents back until
+// they are: librbd's own are not, see issue 27). The check does not rely
+// on it. When the Diff is a SeamChecker, the driver keeps the extents it
+// received from the last units before the end of what it received, and
+// the re-opened diff starts that many units earlier (CheckFrom): what it
+// delivers there must be covered by what was received. A Source that lost
+// extents before a failure then has them in the re-read, and the stream
+// ends ABORTED (ask again) instead of OK with a hole; the mismatch is
+// logged and counted (SeamObserver). The snapshots are immutable, so an
+// honest Source never fails the check.
+
+// SeamChecker is implemented by a Diff that says where a resumed stream
+// re-reads from to check its seam: CheckFrom(offset) is the start of a
+// unit at or below Resumer's ResumeFrom(offset), some units before it.
+// An Iterate from there reports each unit exactly as an uninterrupted
+// Iterate did. Without SeamChecker, there is no check.
+type SeamChecker interface {
+	CheckFrom(offset int64) int64
+}
+
+// SeamObserver is an Observer that also counts the streams that ended
+// ABORTED because a resumed diff disagreed with what they had received.
+type SeamObserver interface {
+	SeamMismatch(method string)
+}
+
+// maxSeamExtents bounds the extents a stream keeps for its seam check
+// (16 bytes each): units with more extents than that are not checked.
+const maxSeamExtents = 1 << 16
+
+// seam is one stream's check.
+type seam struct {
+	// recent are the last extents received, at most maxSeamExtents, in
+	// order: those that end after the check range of the end of what
+	// was received.
+	recent []Extent
+	// dropped is the end of the last extent dropped for the bound: no
+	// check starts below it.
+	dropped int64
+
+	checking bool
+	until    int64    // the resume point: the bytes below it are checked
+	want     []Extent // what was received in [from, until)
+	n        int      // want[:n] end before what is checked next
+	upTo     int64    // checked and covered up to here
+}
+
+// record keeps e, which the stream received, and drops what lies before
+// the check range of the end of e.
+func (s *seam) record(diff Diff, e Extent) {
+	c, ok := diff.(SeamChecker)
+	if !ok {
+		return
+	}
+	from := c.CheckFrom(e.Offset + e.Length)
+	i := 0
+	for i < len(s.recent) && s.recent[i].Offset+s.recent[i].Length <= from {
+		i++
+	}
+	if len(s.recent)-i >= maxSeamExtents {
+		s.dropped = s.recent[i].Offset + s.recent[i].Length
+		i++
+	}
+	if i > 0 {
+		s.recent = append(s.recent[:0], s.recent[i:]...)
+	}
+	s.recent = append(s.recent, e)
+}
+
+// begin starts the check of a stream resumed at until, whose diff would
+// go on from from: it returns where the diff goes on from instead, start
+// at the lowest.
+func (s *seam) begin(diff Diff, start, until, from int64) int64 {
+	c, ok := diff.(SeamChecker)
+	if !ok {
+		return from
+	}
+	cf := max(start, c.CheckFrom(until))
+	if cf >= from || cf < s.dropped {
+		return from
+	}
+	s.want = s.want[:0]
+	for _, e := range s.recent {
+		if e.Offset+e.Length <= cf || e.Offset >= until {
+			continue
+		}
+		if e.Offset < cf {
+			e.Length -= cf - e.Offset
+			e.Offset = cf
+		}
+		s.want = append(s.want, e)
+	}
+	s.checking, s.until, s.n, s.upTo = true, until, 0, cf
+	return cf
+}
+
+// check takes an extent of the resumed diff while the check runs: its
+// bytes before the resume point must be covered by what the stream
+// received. It reports whether the check is over, so that e goes on to
+// the pager (which drops what lies before the resume point); an extent
+// that ends at or below the resume point goes no further (the stream has
+// it).
+func (s *seam) check(e Extent) (over bool, err error) {
+	if !s.covered(e.Offset, min(e.Offset+e.Length, s.until)) {
+		s.checking = false
+		return false, errSeamMismatch{until: s.until, got: e}
+	}
+	if e.Offset+e.Length <= s.until {
+		return false, nil
+	}
+	s.checking = false
+	return true, nil
+}
+
+// covered reports whether the extents received cover [off, end). Calls
+// come in ascending order of off, as a diff's extents do. Only a byte
+// that the resumed diff has and the stream lacks is a hole: a stream that
+// received more (precise mode's fallback before the failure, refined
+// after it) reported more than changed, which is allowed.
+func (s *seam) covered(off, end int64) bool {
+	pos := max(off, s.upTo)
+	for pos < end {
+		for s.n < len(s.want) && s.want[s.n].Offset+s.want[s.n].Length <= pos {
+			s.n++
+		}
+		if s.n == len(s.want) || s.want[s.n].Offset > pos {
+			return false
+		}
+		pos = s.want[s.n].Offset + s.want[s.n].Length
+		s.upTo = pos
+	}
+	return true
+}
+
+// finish ends the check: the resumed diff ended before it went past the
+// resume point. Having less than was received is no hole.
+func (s *seam) finish() error {
+	s.checking = false
+	return nil
+}
+
+// errSeamMismatch ends a stream whose resumed diff has bytes before the
+// resume point that the stream did not receive: ABORTED, since asking
+// again gives a right answer.
+type errSeamMismatch struct {
+	until int64
+	got   Extent // the resumed diff's extent that the stream lacks, in part
+}
+
+func (e errSeamMismatch) Error() string {
+	return fmt.Sprintf(msgSeamMismatch, e.until, e.got.Offset, e.got.Length)
+}
+
+func (errSeamMismatch) Aborted() bool { return true }
