@@ -129,7 +129,8 @@
 //   - reliability_load_test.go: TestReliabilityLoad
 //   - reliability_memory_test.go: TestReliabilityMemory
 //   - reliability_resume_test.go: TestReliabilityResume,
-//     TestReliabilityMonitorLeader, TestReliabilityResumeOSDKilled
+//     TestReliabilityMonitorLeader, TestReliabilityResumeOSDKilled,
+//     TestReliabilityResumeNoHole
 //   - reliability_secrets_test.go: TestReliabilitySecrets
 //   - reliability_shutdown_test.go: TestReliabilityShutdown
 //   - reliability_snapremoved_test.go: TestReliabilityResumeSnapRemoved

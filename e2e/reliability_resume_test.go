@@ -448,3 +448,130 @@ func TestReliabilityResumeOSDKilled(t *testing.T) {
 		t.Logf("%s: the server answers %v after the outage", s.name, time.Since(t1).Round(time.Millisecond))
 	}
 }
+
+// The outage of TestReliabilityResumeNoHole: longer than one op timeout,
+// shorter than two, so that the list-snaps requests in flight when the
+// OSD stops time out, and the one librbd sends next is answered once the
+// OSD continues, before librbd returns the error (issue 27); shorter
+// than laggyAfter, so that the OSD only continues.
+const holeOutage = relOpTimeout + relOpTimeout/2
+
+// TestReliabilityResumeNoHole reads streams at a consumer's pace over
+// small windows, so that each diff waits with pages buffered and Ceph work
+// left, and stops the OSD for holeOutage a quarter of the way in: exact,
+// object and precise modes, VARIABLE_LENGTH and FIXED_LENGTH, Allocated
+// and Delta. A failed librbd diff has then delivered the extents of a
+// later object while up to rbd_concurrent_management_ops objects before
+// it delivered nothing. Every stream must end OK with exactly the answer
+// of an uninterrupted one (the Deltas of exact and precise mode also
+// exactly the bytes written), or with a retryable error; never OK with a
+// hole.
+func TestReliabilityResumeNoHole(t *testing.T) {
+	if !harness.ServerHasPrecision(t, "precise") {
+		t.Skip("the server binary has no --precision=precise")
+	}
+	const (
+		pace    = 30 * time.Second // how long a paced stream lasts
+		faultAt = pace / 4
+	)
+	v, written := harness.ManyWrites(t, 32768)
+	base := []string{"--ceph-op-timeout=" + relOpTimeout.String(), "--fixed-block-size", "4096"}
+	type paced struct {
+		resumeStream
+		every  time.Duration
+		oracle bool // the Delta of an exact answer: the writes themselves
+	}
+	var streams []*paced
+	servers := map[string]*harness.Server{}
+	for _, m := range []struct{ mode, typ string }{
+		// Object mode in FIXED_LENGTH: in VARIABLE_LENGTH its whole
+		// objects merge into one tuple.
+		{"exact", "VARIABLE_LENGTH"}, {"exact", "FIXED_LENGTH"}, {"object", "FIXED_LENGTH"},
+		{"precise", "VARIABLE_LENGTH"}, {"precise", "FIXED_LENGTH"},
+	} {
+		name := m.mode + "/" + m.typ
+		srv := harness.StartServer(t, append(base, "--precision="+m.mode, "--block-metadata-type", m.typ)...)
+		servers[name] = srv
+		for _, q := range []harness.MetaReq{{Target: v.ID("s2")}, {Base: v.ID("s1"), Target: v.ID("s2")}} {
+			want := srv.Get(t, q).Tuples()
+			// About 256 pages a stream, whatever its length.
+			q.Max = int32(max(1, len(want)/256))
+			q.Secrets = harness.CSISecrets(t)
+			pages := (len(want) + int(q.Max) - 1) / int(q.Max)
+			streams = append(streams, &paced{
+				resumeStream: resumeStream{name: name + "/" + q.String(), srv: srv, q: q, want: want},
+				every:        pace / time.Duration(max(pages, 1)),
+				oracle:       q.Base != "" && m.mode != "object" && m.typ == "VARIABLE_LENGTH",
+			})
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute) // a hang guard
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, s := range streams {
+		var err error
+		if s.recv, err = harness.SlowReader(t, s.srv.Sock).Open(ctx, s.q); err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				resp, err := s.recv()
+				if err != nil {
+					s.err, s.ended = err, time.Now()
+					return
+				}
+				s.got = append(s.got, harness.ToPage(resp).Tuples...)
+				time.Sleep(s.every)
+			}
+		}()
+	}
+	time.Sleep(faultAt)
+	osd := harness.PauseOSD(t)
+	t0 := time.Now()
+	time.Sleep(holeOutage)
+	osd.Resume()
+	back := time.Now()
+	wg.Wait()
+	t.Logf("OSD stopped for %v; all streams ended %v after it came back", back.Sub(t0).Round(time.Millisecond), time.Since(back).Round(time.Millisecond))
+	for _, s := range streams {
+		resumes := strings.Count(s.srv.Log(), `"Resumed stream"`)
+		t.Logf("%s: %d of %d tuples, %v, ended %v after the fault; its server resumed %d times",
+			s.name, len(s.got), len(s.want), s.err, s.ended.Sub(t0).Round(time.Millisecond), resumes)
+		switch c := status.Code(s.err); {
+		case errors.Is(s.err, io.EOF):
+			if d := harness.DiffSpans(s.want, s.got); d != "" {
+				t.Errorf("%s: ended OK with another answer than an uninterrupted stream's: %s", s.name, d)
+			}
+			if d := harness.DiffSpans(written, s.got); s.oracle && d != "" {
+				t.Errorf("%s: ended OK with another answer than the bytes written: %s", s.name, d)
+			}
+		case c == codes.Unavailable || c == codes.Aborted:
+			if d := harness.DiffSpans(s.want[:min(len(s.got), len(s.want))], s.got); d != "" {
+				t.Errorf("%s: ended %v, and what it sent is not a prefix of the answer: %s", s.name, c, d)
+			}
+		default:
+			t.Errorf("%s: %v after %d of %d tuples; want OK, or a retryable error", s.name, s.err, len(s.got), len(s.want))
+		}
+	}
+	// The hole needs a diff that has Ceph work left when the OSD stops:
+	// librbd's exact diff of the Delta must have failed and resumed.
+	if log := servers["exact/VARIABLE_LENGTH"].Log(); !strings.Contains(log, `"Resumed stream"`) {
+		t.Errorf("the exact server resumed no stream: the fault came when no diff had Ceph work left, and the test proves nothing")
+	}
+	for name, srv := range servers {
+		// The seam check ends a stream ABORTED when a resumed diff has
+		// changes the stream lacks: a hole that rbd's holdback let
+		// through.
+		if strings.Contains(srv.Log(), "A resumed diff disagrees") {
+			t.Errorf("%s: the seam check caught a hole that the holdback let through", name)
+		}
+		for _, l := range strings.Split(srv.Log(), "\n") {
+			if strings.Contains(l, `"Resumed stream"`) {
+				t.Logf("%s:  %s", name, l[strings.Index(l, `"Resumed`):])
+			}
+		}
+	}
+	harness.WaitClusterIO(t)
+}
