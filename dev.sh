@@ -164,8 +164,33 @@ matrix() {
 	legs
 }
 
-# ./dev.sh test: what e2e and matrix do, with one build, then the image.
+# prefetch: what the later phases need and nothing before them does,
+# made in the background while those run: the Kubernetes tools (CPU),
+# then the root filesystems and the image's base images (mostly downloads,
+# so they overlap the CPU work well). Each is cached and locked by its own
+# script, so the phase that needs it later finds it ready or waits for
+# it, and still fails as it always did when it cannot be made: a failure
+# here only costs the overlap. Its rows are prefetch/NAME.
+prefetch() {
+	[ "${RSM_PREFETCH:-1}" = 1 ] || return 0
+	local log=/var/tmp/rsm-prefetch-$$.log
+	echo "dev: prefetching the Kubernetes tools, root filesystems and base images in the background (log: $log)" >&2
+	{
+		phase prefetch/k8s e2e/k8s/k8s.sh build >/dev/null &
+		phase prefetch/rootfs-reef env RSM_CEPH=reef e2e/rootfs.sh &&
+			phase prefetch/rootfs-tentacle env RSM_CEPH=tentacle e2e/rootfs.sh &&
+			phase prefetch/image-base e2e/buildah.sh seed
+		wait
+		phase prefetch/csi-operator e2e/k8s/k8s.sh csi-operator >/dev/null
+		phase prefetch/helm e2e/k8s/k8s.sh helm >/dev/null
+	} >"$log" 2>&1 </dev/null &
+}
+
+# ./dev.sh test: what e2e and matrix do, with one build, then the image;
+# what later phases need is made during the unit tests (prefetch).
 test_all() {
+	deps
+	prefetch
 	phase unit unit
 	phase build build
 	rootfs reef
