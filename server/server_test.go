@@ -314,7 +314,13 @@ func TestMaxStreams(t *testing.T) {
 	const limit = 3
 	src := source()
 	hold := make(chan struct{})
+	// Each diff's first extent says that its stream holds a slot.
+	entered := make(chan struct{}, limit+1)
 	src.BeforeExtent = func(ctx context.Context, _ int) error {
+		select {
+		case entered <- struct{}{}:
+		default:
+		}
 		select {
 		case <-hold:
 			return nil
@@ -333,23 +339,24 @@ func TestMaxStreams(t *testing.T) {
 		}
 		held = append(held, s)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for src.OpenDiffs() < limit {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d streams opened, want %d", src.OpenDiffs(), limit)
+	for i := range limit {
+		select {
+		case <-entered:
+		case <-time.After(10 * time.Second): // a hang guard, not a bound
+			t.Fatalf("%d of %d streams reached their diff", i, limit)
 		}
-		time.Sleep(5 * time.Millisecond)
 	}
-	began := time.Now()
-	s, err := c.GetMetadataAllocated(context.Background(), req)
+	// At once: the held streams free no slot before hold is closed, so a
+	// stream that waited for one would wait until the hang guard's
+	// deadline and end DeadlineExceeded, not Aborted.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := c.GetMetadataAllocated(ctx, req)
 	if err == nil {
 		err = drain(s.Recv)
 	}
 	if status.Code(err) != codes.Aborted || !strings.Contains(err.Error(), "--max-streams") {
-		t.Fatalf("stream beyond the limit: %v, want Aborted naming --max-streams", err)
-	}
-	if d := time.Since(began); d > time.Second {
-		t.Errorf("refusal took %v", d)
+		t.Fatalf("stream beyond the limit: %v, want Aborted naming --max-streams, while the limit's streams are held", err)
 	}
 	if n := src.Opened(); n != limit {
 		t.Errorf("the source opened %d diffs, want %d: the refused stream did work", n, limit)
@@ -505,7 +512,12 @@ func (f *freezer) serve() {
 // diff is released, although the client never cancels.
 func TestKeepaliveFreesHalfOpenPeer(t *testing.T) {
 	src := source()
+	entered := make(chan struct{}, 1)
 	src.BeforeExtent = func(ctx context.Context, _ int) error {
+		select {
+		case entered <- struct{}{}:
+		default:
+		}
 		<-ctx.Done() // a diff that runs until the stream ends
 		return ctx.Err()
 	}
@@ -535,8 +547,10 @@ func TestKeepaliveFreesHalfOpenPeer(t *testing.T) {
 	if _, err := csi.NewSnapshotMetadataClient(conn).GetMetadataAllocated(context.Background(), &csi.GetMetadataAllocatedRequest{SnapshotId: "c1/rbd/img@s1"}); err != nil {
 		t.Fatal(err)
 	}
-	for src.OpenDiffs() == 0 {
-		time.Sleep(5 * time.Millisecond)
+	select {
+	case <-entered:
+	case <-time.After(10 * time.Second): // a hang guard, not a bound
+		t.Fatal("the stream never reached its diff")
 	}
 	close(f.frozen)
 	began := time.Now()
