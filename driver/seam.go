@@ -36,7 +36,8 @@ type SeamObserver interface {
 }
 
 // maxSeamExtents bounds the extents a stream keeps for its seam check
-// (16 bytes each): units with more extents than that are not checked.
+// (16 bytes each, so 1 MiB; trimEvery more between trims): a check range
+// with more extents than that is not checked.
 const maxSeamExtents = 1 << 16
 
 // seam is one stream's check.
@@ -47,7 +48,8 @@ type seam struct {
 	recent []Extent
 	// dropped is the end of the last extent dropped for the bound: no
 	// check starts below it.
-	dropped int64
+	dropped   int64
+	sinceTrim int // extents recorded since the last trim
 
 	checking bool
 	until    int64    // the resume point: the bytes below it are checked
@@ -56,27 +58,35 @@ type seam struct {
 	upTo     int64    // checked and covered up to here
 }
 
-// record keeps e, which the stream received, and drops what lies before
-// the check range of the end of e.
+// record keeps e, which the stream received. Every trimEvery extents,
+// and at the bound, it drops what lies before the check range of the end
+// of e: asking the Diff costs more than keeping a few more extents.
 func (s *seam) record(diff Diff, e Extent) {
 	c, ok := diff.(SeamChecker)
 	if !ok {
 		return
 	}
+	s.recent = append(s.recent, e)
+	if s.sinceTrim++; s.sinceTrim < trimEvery && len(s.recent) <= maxSeamExtents {
+		return
+	}
+	s.sinceTrim = 0
 	from := c.CheckFrom(e.Offset + e.Length)
 	i := 0
 	for i < len(s.recent) && s.recent[i].Offset+s.recent[i].Length <= from {
 		i++
 	}
-	if len(s.recent)-i >= maxSeamExtents {
-		s.dropped = s.recent[i].Offset + s.recent[i].Length
-		i++
+	if over := len(s.recent) - i - maxSeamExtents; over > 0 {
+		i += over
+		s.dropped = s.recent[i-1].Offset + s.recent[i-1].Length
 	}
 	if i > 0 {
 		s.recent = append(s.recent[:0], s.recent[i:]...)
 	}
-	s.recent = append(s.recent, e)
 }
+
+// trimEvery is how many extents record takes between two trims.
+const trimEvery = 1024
 
 // begin starts the check of a stream resumed at until, whose diff would
 // go on from from: it returns where the diff goes on from instead, start

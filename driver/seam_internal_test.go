@@ -50,3 +50,27 @@ func (checkerAt) Close() error            { return nil }
 func (checkerAt) Iterate(ctx context.Context, _ int64, _ func(Extent) error) error {
 	return nil
 }
+
+// TestSeamBound: a check range of more extents than the bound keeps at
+// most the bound (plus one trim's worth), and is then not checked rather
+// than checked against a part.
+func TestSeamBound(t *testing.T) {
+	var s seam
+	for i := int64(0); i < 3*maxSeamExtents; i++ {
+		s.record(checkerAt(0), Extent{Offset: i * 10, Length: 5})
+		if len(s.recent) > maxSeamExtents+trimEvery {
+			t.Fatalf("after %d extents, %d kept", i+1, len(s.recent))
+		}
+	}
+	if s.dropped == 0 {
+		t.Fatal("nothing dropped")
+	}
+	end := int64(3*maxSeamExtents) * 10
+	if from := s.begin(checkerAt(0), 0, end, end-5); from != end-5 || s.checking {
+		t.Fatalf("begin: from %d, checking %v; want no check", from, s.checking)
+	}
+	// A check range inside what is kept is checked.
+	if from := s.begin(checkerAt(end-100), 0, end, end-5); from != end-100 || !s.checking {
+		t.Fatalf("begin: from %d, checking %v; want a check from %d", from, s.checking, end-100)
+	}
+}
