@@ -373,9 +373,10 @@ func TestResumeCancelAndStallDuringBackoff(t *testing.T) {
 			}
 			rec := &endRecorder{done: make(chan struct{})}
 			const stall = 500 * time.Millisecond
+			backingOff := make(chan struct{}, 1)
 			d, err := driver.New(src, driver.Options{Name: "x", BlockMetadataType: csi.BlockMetadataType_VARIABLE_LENGTH,
 				ResumeBudget: 2 * time.Hour, StallTimeout: stall, Observer: rec,
-				NewBackOff: func() backoff.BackOff { return backoff.NewConstantBackOff(time.Hour) }})
+				NewBackOff: func() backoff.BackOff { return signalBackOff{backoff.NewConstantBackOff(time.Hour), backingOff} }})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -398,7 +399,13 @@ func TestResumeCancelAndStallDuringBackoff(t *testing.T) {
 			}
 			began := time.Now()
 			if !stallCase {
-				time.Sleep(50 * time.Millisecond)
+				// The failed diff is closed and the driver asks for its
+				// hour's wait: the cancel comes during the backoff.
+				select {
+				case <-backingOff:
+				case <-time.After(30 * time.Second):
+					t.Fatal("the driver never backed off")
+				}
 				cancel()
 			}
 			select {
@@ -418,6 +425,22 @@ func TestResumeCancelAndStallDuringBackoff(t *testing.T) {
 			}
 		})
 	}
+}
+
+// signalBackOff is a backoff that says on next, without blocking, each
+// time the driver asks it how long to wait: the driver is about to back
+// off.
+type signalBackOff struct {
+	backoff.BackOff
+	next chan<- struct{}
+}
+
+func (b signalBackOff) NextBackOff() time.Duration {
+	select {
+	case b.next <- struct{}{}:
+	default:
+	}
+	return b.BackOff.NextBackOff()
 }
 
 type endRecorder struct{ done chan struct{} }
@@ -454,10 +477,17 @@ func TestResumeCancelledDuringFailingIterate(t *testing.T) {
 	src, _ := bigVolume(1000)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	src.BeforeExtent = func(_ context.Context, i int) error {
+	src.BeforeExtent = func(stream context.Context, i int) error {
 		if i == 500 {
 			cancel()
-			time.Sleep(50 * time.Millisecond) // the cancel reaches the server
+			// The diff fails only once the cancel has reached the
+			// server: the stream's context, which the diff is given, is
+			// done. A hang guard, not a bound.
+			select {
+			case <-stream.Done():
+			case <-time.After(10 * time.Second):
+				t.Error("the client's cancel never reached the server")
+			}
 			return drivertest.TemporaryError{Why: "timeout"}
 		}
 		return nil
@@ -468,46 +498,53 @@ func TestResumeCancelledDuringFailingIterate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &codeRecorder{}
+	srv := &codeRecorder{ended: make(chan struct{})}
 	conn := serve(t, d, grpc.StreamInterceptor(srv.intercept))
 	s, err := csi.NewSnapshotMetadataClient(conn).GetMetadataAllocated(ctx, &csi.GetMetadataAllocatedRequest{SnapshotId: "big", MaxResults: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, _ = recvAll(s.Recv)
-	<-rec.done
+	select {
+	case <-rec.done:
+	case <-time.After(10 * time.Second): // a hang guard
+		t.Fatal("the stream never ended")
+	}
 	waitClosed(t, src)
-	if c := srv.code(); c != codes.Canceled || src.OpenCalls() != 1 {
+	if c := srv.code(t); c != codes.Canceled || src.OpenCalls() != 1 {
 		t.Fatalf("the handler ended with %v after %d opens; want Canceled, no re-open", c, src.OpenCalls())
 	}
 }
 
-// codeRecorder keeps the code of the last handler that returned.
+// codeRecorder keeps the code of the last handler that returned; ended
+// is closed when the first one has.
 type codeRecorder struct {
-	mu   sync.Mutex
-	last codes.Code
-	set  bool
+	mu    sync.Mutex
+	last  codes.Code
+	ended chan struct{}
+	once  sync.Once
 }
 
 func (r *codeRecorder) intercept(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 	err := h(srv, ss)
 	r.mu.Lock()
-	r.last, r.set = status.Code(err), true
+	r.last = status.Code(err)
 	r.mu.Unlock()
+	r.once.Do(func() { close(r.ended) })
 	return err
 }
 
-func (r *codeRecorder) code() codes.Code {
-	for range 500 {
-		r.mu.Lock()
-		c, ok := r.last, r.set
-		r.mu.Unlock()
-		if ok {
-			return c
-		}
-		time.Sleep(10 * time.Millisecond)
+// code waits for a handler to return and gives its code.
+func (r *codeRecorder) code(t *testing.T) codes.Code {
+	t.Helper()
+	select {
+	case <-r.ended:
+	case <-time.After(10 * time.Second): // a hang guard
+		t.Fatal("no handler returned")
 	}
-	return codes.Unknown
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.last
 }
 
 // noSessionError is a Source's error when the monitors gave no session.
