@@ -42,7 +42,8 @@ type Diff struct {
 	header   int64 // LUKS header before the user's data; 0 unless encrypted
 	closed   bool
 	// settleUnit and settleWindow: the holdback of librbd's extents
-	// (settle.go), in bytes of a unit and units.
+	// (settle.go), in bytes of a unit and units. Like header, set by
+	// open and never changed: read without mu.
 	settleUnit, settleWindow int64
 	// lineages of the target and the base, as they were at open; Iterate
 	// succeeds only if they still hold at its end (lineage.go).
@@ -336,9 +337,10 @@ func discardOnTimeout(conns *conn.Cache, cc *conn.Conn, err error) {
 // refines whole objects). LUKS offsets are shifted as Iterate's. The
 // driver resumes at the end of what a failed Iterate delivered, which is a
 // complete prefix of the answer (settle.go).
+//
+// It takes no lock: the driver calls it and CheckFrom while Iterate runs
+// (from the callback), and both read only what open set.
 func (d *Diff) ResumeFrom(offset int64) int64 {
-	d.mu.Lock()
-	defer d.mu.Unlock()
 	unit := d.settleUnit
 	if unit <= 0 {
 		return 0
@@ -352,11 +354,7 @@ func (d *Diff) ResumeFrom(offset int64) int64 {
 // object sets before ResumeFrom(offset), so that the check reaches back
 // past any hole that a holdback too short would have let through.
 func (d *Diff) CheckFrom(offset int64) int64 {
-	from := d.ResumeFrom(offset)
-	d.mu.Lock()
-	back := 2 * d.settleWindow * d.settleUnit
-	d.mu.Unlock()
-	return max(from-back, 0)
+	return max(d.ResumeFrom(offset)-2*d.settleWindow*d.settleUnit, 0)
 }
 
 // Close closes the image and the pool and releases the cluster connection.
