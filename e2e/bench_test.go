@@ -592,6 +592,17 @@ func TestBench(t *testing.T) {
 		benchServerMode(t, "(c) FIXED_LENGTH 4 KiB, max_results 128", req(128), asFixed(4096), "--precision=exact", "--block-metadata-type", "FIXED_LENGTH", "--fixed-block-size", "4096"),
 		benchServerMode(t, "(c) FIXED_LENGTH 4 KiB, max_results 0", req(0), asFixed(4096), "--precision=exact", "--block-metadata-type", "FIXED_LENGTH", "--fixed-block-size", "4096"),
 	}
+	// RSM_BENCH_BASELINE_BIN: the exact server modes once more, run by
+	// that binary (an older build), in the same rounds: what a change to
+	// the extents' path (the holdback, the seam record) costs.
+	if bin := os.Getenv("RSM_BENCH_BASELINE_BIN"); bin != "" {
+		cur := os.Getenv("RSM_SERVER_BIN")
+		os.Setenv("RSM_SERVER_BIN", bin)
+		exact = append(exact,
+			benchServerMode(t, "(c) VARIABLE_LENGTH, max_results 0 (baseline)", req(0), asVariable, "--precision=exact"),
+			benchServerMode(t, "(c) FIXED_LENGTH 4 KiB, max_results 0 (baseline)", req(0), asFixed(4096), "--precision=exact", "--block-metadata-type", "FIXED_LENGTH", "--fixed-block-size", "4096"))
+		os.Setenv("RSM_SERVER_BIN", cur)
+	}
 	warm(exact)
 	benchModes(t, "striped image", sc.runs, exact)
 	rep.table(fmt.Sprintf("Delta of %d extents (%s, %s, fancy striping, --precision=exact)", exact[0].runs[0].extents, sv.Spec(), fmtBytes(int64(sc.sets*8*harness.MiB))), sc.runs, exact)
