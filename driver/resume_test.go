@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"math/rand/v2"
 	"os"
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
@@ -250,9 +252,44 @@ func bigVolume(n int64) (*drivertest.Source, []driver.Extent) {
 	return src, ext
 }
 
+// handlerStream is a GetMetadataAllocated stream without gRPC, for
+// calling the driver's handler directly inside a synctest bubble: the
+// driver's sender, backoffs and resume budget then run on the bubble's
+// fake clock, and a test can assert how long they took exactly. The
+// driver uses only Context and Send of a stream.
+type handlerStream struct {
+	grpc.ServerStream
+	sent []*csi.GetMetadataAllocatedResponse // by the sender's goroutine, read once the handler returned
+}
+
+func (s *handlerStream) Context() context.Context { return context.Background() }
+
+func (s *handlerStream) Send(m *csi.GetMetadataAllocatedResponse) error {
+	s.sent = append(s.sent, m)
+	return nil
+}
+
+// allocatedDirect calls d's GetMetadataAllocated handler and returns what
+// a client would have received, and the handler's status.
+func allocatedDirect(d *driver.Driver, req *csi.GetMetadataAllocatedRequest) (result, error) {
+	s := &handlerStream{}
+	err := d.GetMetadataAllocated(req, s)
+	r, _ := recvAll(func() (*csi.GetMetadataAllocatedResponse, error) {
+		if len(s.sent) == 0 {
+			return nil, io.EOF
+		}
+		m := s.sent[0]
+		s.sent = s.sent[1:]
+		return m, nil
+	})
+	return r, err
+}
+
 // TestResumeEnds checks what still ends a stream that failed with a
 // temporary error: an error that lasts from the re-open, at once, with its
-// own code; a budget spent, with UNAVAILABLE saying so; and no budget.
+// own code; a budget spent, with UNAVAILABLE saying so; and no budget. It
+// runs the handler in a synctest bubble: the budget and the backoffs are
+// spent on a fake clock, exactly, whatever the load.
 func TestResumeEnds(t *testing.T) {
 	temp := drivertest.TemporaryError{Why: "connection reset"}
 	for _, tc := range []struct {
@@ -262,10 +299,11 @@ func TestResumeEnds(t *testing.T) {
 		iterate  error // the diff's error
 		wantCode codes.Code
 		want     string
-		opens    int // at least
+		opens    int
 	}{
 		{"no budget", 0, nil, temp, codes.Unavailable, "connection reset", 1},
-		{"budget spent", 300 * time.Millisecond, temp, temp, codes.Unavailable, "--resume-budget of 300ms", 3},
+		// The first open, and one after each 100 ms of the budget.
+		{"budget spent", 300 * time.Millisecond, temp, temp, codes.Unavailable, "--resume-budget of 300ms", 4},
 		{"deleted meanwhile", time.Minute, fmt.Errorf("snapshot: %w", fs.ErrNotExist), temp, codes.NotFound, "snapshot", 2},
 		{"caps taken", time.Minute, fmt.Errorf("open: %w", fs.ErrPermission), temp, codes.PermissionDenied, "open", 2},
 		{"key revoked", time.Minute, refusedLogin{}, temp, codes.Unauthenticated, "authentication", 2},
@@ -274,40 +312,42 @@ func TestResumeEnds(t *testing.T) {
 		{"not found from the diff", time.Minute, nil, fmt.Errorf("gone: %w", fs.ErrNotExist), codes.NotFound, "gone", 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			src, ext := bigVolume(1000)
-			src.BeforeExtent = func(_ context.Context, i int) error {
-				if i == 500 {
-					return tc.iterate
+			synctest.Test(t, func(t *testing.T) {
+				src, ext := bigVolume(1000)
+				src.BeforeExtent = func(_ context.Context, i int) error {
+					if i == 500 {
+						return tc.iterate
+					}
+					return nil
 				}
-				return nil
-			}
-			src.OpenHook = func(_ context.Context, n int) error {
-				if n > 0 {
-					return tc.open
+				src.OpenHook = func(_ context.Context, n int) error {
+					if n > 0 {
+						return tc.open
+					}
+					return nil
 				}
-				return nil
-			}
-			d, err := driver.New(src, driver.Options{Name: "x", BlockMetadataType: csi.BlockMetadataType_VARIABLE_LENGTH, ResumeBudget: tc.budget,
-				NewBackOff: func() backoff.BackOff { return backoff.NewConstantBackOff(100 * time.Millisecond) }})
-			if err != nil {
-				t.Fatal(err)
-			}
-			began := time.Now()
-			r, err := allocated(t, serve(t, d), &csi.GetMetadataAllocatedRequest{SnapshotId: "big", MaxResults: 100})
-			took := time.Since(began)
-			if status.Code(err) != tc.wantCode || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("got %v, want %v with %q", err, tc.wantCode, tc.want)
-			}
-			if len(r.tuples) >= len(ext) || cmp.Diff(ext[:len(r.tuples)], r.tuples) != "" {
-				t.Fatalf("%d tuples: not a prefix", len(r.tuples))
-			}
-			if src.OpenCalls() < tc.opens || tc.budget == 0 && src.OpenCalls() != 1 {
-				t.Fatalf("%d opens, want at least %d", src.OpenCalls(), tc.opens)
-			}
-			if tc.budget > 0 && tc.wantCode == codes.Unavailable && took > tc.budget+2*time.Second {
-				t.Fatalf("gave up after %v, budget %v", took, tc.budget)
-			}
-			waitClosed(t, src)
+				d, err := driver.New(src, driver.Options{Name: "x", BlockMetadataType: csi.BlockMetadataType_VARIABLE_LENGTH, ResumeBudget: tc.budget,
+					NewBackOff: func() backoff.BackOff { return backoff.NewConstantBackOff(100 * time.Millisecond) }})
+				if err != nil {
+					t.Fatal(err)
+				}
+				began := time.Now()
+				r, err := allocatedDirect(d, &csi.GetMetadataAllocatedRequest{SnapshotId: "big", MaxResults: 100})
+				took := time.Since(began)
+				if status.Code(err) != tc.wantCode || !strings.Contains(err.Error(), tc.want) {
+					t.Fatalf("got %v, want %v with %q", err, tc.wantCode, tc.want)
+				}
+				if len(r.tuples) >= len(ext) || cmp.Diff(ext[:len(r.tuples)], r.tuples) != "" {
+					t.Fatalf("%d tuples: not a prefix", len(r.tuples))
+				}
+				if src.OpenCalls() != tc.opens {
+					t.Fatalf("%d opens, want %d", src.OpenCalls(), tc.opens)
+				}
+				if tc.budget > 0 && tc.wantCode == codes.Unavailable && took != tc.budget {
+					t.Fatalf("gave up after %v, budget %v", took, tc.budget)
+				}
+				waitClosed(t, src)
+			})
 		})
 	}
 }
@@ -556,7 +596,9 @@ func (noSessionError) NoSession() bool { return true }
 // error (a backup that starts during an OSD outage) is opened again within
 // the budget and answered in full, counted as a resume; one whose monitors
 // gave no session, one with no budget, and one whose retries meet a lasting
-// error end at once with their code.
+// error end at once with their code. As TestResumeEnds, it runs the
+// handler in a synctest bubble, where the backoffs and the budget are
+// spent on a fake clock.
 func TestResumeFirstOpen(t *testing.T) {
 	temp := drivertest.TemporaryError{Why: "timeout"}
 	for _, tc := range []struct {
@@ -570,41 +612,44 @@ func TestResumeFirstOpen(t *testing.T) {
 		{"outage", time.Minute, []error{temp, temp, temp}, codes.OK, 4, 1},
 		{"no session", time.Minute, []error{noSessionError{temp}}, codes.Unavailable, 1, 0},
 		{"no budget", 0, []error{temp}, codes.Unavailable, 1, 0},
-		{"budget spent", 300 * time.Millisecond, []error{temp, temp, temp, temp, temp, temp, temp, temp, temp, temp}, codes.Unavailable, 3, 0},
+		// The first open, and one after each 100 ms of the budget.
+		{"budget spent", 300 * time.Millisecond, []error{temp, temp, temp, temp, temp, temp, temp, temp, temp, temp}, codes.Unavailable, 4, 0},
 		{"removed meanwhile", time.Minute, []error{temp, fmt.Errorf("snapshot: %w", fs.ErrNotExist)}, codes.NotFound, 2, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			src, ext := bigVolume(100)
-			src.OpenHook = func(_ context.Context, n int) error {
-				if n < len(tc.fails) {
-					return tc.fails[n]
+			synctest.Test(t, func(t *testing.T) {
+				src, ext := bigVolume(100)
+				src.OpenHook = func(_ context.Context, n int) error {
+					if n < len(tc.fails) {
+						return tc.fails[n]
+					}
+					return nil
 				}
-				return nil
-			}
-			rec := &resumeRecorder{}
-			d, err := driver.New(src, driver.Options{Name: "x", BlockMetadataType: csi.BlockMetadataType_VARIABLE_LENGTH, ResumeBudget: tc.budget,
-				NewBackOff: func() backoff.BackOff { return backoff.NewConstantBackOff(100 * time.Millisecond) }, Observer: rec})
-			if err != nil {
-				t.Fatal(err)
-			}
-			r, err := allocated(t, serve(t, d), &csi.GetMetadataAllocatedRequest{SnapshotId: "big", MaxResults: 10})
-			if status.Code(err) != tc.wantCode {
-				t.Fatalf("got %v, want %v", err, tc.wantCode)
-			}
-			if tc.wantCode == codes.OK {
-				if d := cmp.Diff(ext, r.tuples); d != "" {
-					t.Errorf("the answer differs from the volume's extents (-want +got):\n%s", d)
+				rec := &resumeRecorder{}
+				d, err := driver.New(src, driver.Options{Name: "x", BlockMetadataType: csi.BlockMetadataType_VARIABLE_LENGTH, ResumeBudget: tc.budget,
+					NewBackOff: func() backoff.BackOff { return backoff.NewConstantBackOff(100 * time.Millisecond) }, Observer: rec})
+				if err != nil {
+					t.Fatal(err)
 				}
-			} else if len(r.tuples) != 0 {
-				t.Errorf("%d tuples before %v", len(r.tuples), err)
-			}
-			if got := src.OpenCalls(); got < tc.opens || tc.wantCode != codes.Unavailable && got != tc.opens {
-				t.Errorf("%d opens, want %d", got, tc.opens)
-			}
-			if got := rec.count(); got != tc.resumes {
-				t.Errorf("%d resumes observed, want %d", got, tc.resumes)
-			}
-			waitClosed(t, src)
+				r, err := allocatedDirect(d, &csi.GetMetadataAllocatedRequest{SnapshotId: "big", MaxResults: 10})
+				if status.Code(err) != tc.wantCode {
+					t.Fatalf("got %v, want %v", err, tc.wantCode)
+				}
+				if tc.wantCode == codes.OK {
+					if d := cmp.Diff(ext, r.tuples); d != "" {
+						t.Errorf("the answer differs from the volume's extents (-want +got):\n%s", d)
+					}
+				} else if len(r.tuples) != 0 {
+					t.Errorf("%d tuples before %v", len(r.tuples), err)
+				}
+				if got := src.OpenCalls(); got != tc.opens {
+					t.Errorf("%d opens, want %d", got, tc.opens)
+				}
+				if got := rec.count(); got != tc.resumes {
+					t.Errorf("%d resumes observed, want %d", got, tc.resumes)
+				}
+				waitClosed(t, src)
+			})
 		})
 	}
 }
