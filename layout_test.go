@@ -18,7 +18,7 @@ import (
 	"testing"
 )
 
-// The layout's rules (README, "Layout"): rbd/ knows no gRPC, CSI or
+// The layout's rules (docs/design.md, "Layout"): rbd/ knows no gRPC, CSI or
 // driver; the driver no Ceph (and so no cgo); the server no Ceph and no
 // driver, nor does metrics, which the server imports. Each rule is an import edge that must not come back; the test
 // asks the go command, as a reader would with go list -deps.

@@ -2,7 +2,8 @@
 # Which per-object queries an erasure-coded data pool answers, next to a
 # replicated pool, at a snapshot and at the head: list_snaps (read snapshot
 # LIBRADOS_SNAP_DIR), stat, mapext, sparse_read, read and checksum, with
-# their answers and times. README, Precision, records what reef and
+# their answers and times. docs/precision.md, "Erasure-coded data
+# pools", records what reef and
 # tentacle answered. Runs against a cluster with an EC pool rbd-ec:
 #
 #   RSM_CEPH_OSDS=3 RSM_CEPH_EC_POOL=rbd-ec e2e/with-cluster.sh e2e/ec-queries.sh

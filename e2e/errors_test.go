@@ -271,7 +271,7 @@ func unknownUserUnanswered(t testing.TB, refusedLogin bool, err error) bool {
 	if !refusedLogin || os.Getenv("RSM_CEPH") != "tentacle" || status.Code(err) != codes.Unavailable {
 		return false
 	}
-	t.Logf("tentacle's monitor gave a refused login no answer (a known limitation, see the README): %v", err)
+	t.Logf("tentacle's monitor gave a refused login no answer (a known limitation, see docs/ceph.md#monitor-addresses): %v", err)
 	return true
 }
 

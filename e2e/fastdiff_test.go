@@ -8,7 +8,7 @@ package e2e
 // base and the target cut off (shrink, snapshot, grow). This test measures
 // it with librbd's own whole-object diff (`rbd diff --whole-object`, from
 // the rootfs the tests run in, with the same librbd as the server), so that
-// the README's table says what was seen, not what was assumed.
+// docs/precision.md ("The fast-diff bug") says what was seen, not what was assumed.
 
 import (
 	"os"
@@ -22,8 +22,8 @@ import (
 // fastDiffMissesShrunk lists the librbd versions measured by
 // TestLibrbdFastDiffShrinkRegrow: whether their whole-object fast-diff
 // misses the objects a shrink cut off. The server's workaround stays on
-// for every version, so this only records the finding (README, Ceph
-// versions): the test fails when a listed version's finding changes, and
+// for every version, so this only records the finding (docs/precision.md,
+// "The fast-diff bug"): the test fails when a listed version's finding changes, and
 // logs it for a version not listed.
 var fastDiffMissesShrunk = map[string]bool{
 	"18.2.7": true, // reef, against reef and tentacle 20.2.4 clusters
@@ -87,9 +87,9 @@ func TestLibrbdFastDiffShrinkRegrow(t *testing.T) {
 	t.Logf("librbd %s (%s), cluster %s %s: whole-object fast-diff s1..s3 misses changed objects %v (fast-diff bug: %t)",
 		clientVersion, client, os.Getenv("RSM_CLUSTER_CEPH"), os.Getenv("RSM_CLUSTER_CEPH_VERSION"), missedWhole, bug)
 	if want, known := fastDiffMissesShrunk[clientVersion]; !known {
-		t.Logf("librbd %s (%s) is not in fastDiffMissesShrunk: add it, and the finding to the README", clientVersion, client)
+		t.Logf("librbd %s (%s) is not in fastDiffMissesShrunk: add it, and the finding to docs/precision.md", clientVersion, client)
 	} else if bug != want {
-		t.Errorf("librbd %s (%s): fast-diff bug %t, but fastDiffMissesShrunk says %t: update it and the README", clientVersion, client, bug, want)
+		t.Errorf("librbd %s (%s): fast-diff bug %t, but fastDiffMissesShrunk says %t: update it and docs/precision.md", clientVersion, client, bug, want)
 	}
 }
 

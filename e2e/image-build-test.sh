@@ -128,7 +128,7 @@ o.write(b\"e\")
 	same "$(snapmeta allocated rsm-e2e/rbd/image-build-test@s1)" \
 		"$(ceph_cli rbd diff --format json rbd/image-build-test@s1)" allocated
 	# For the overwritten object rbd diff reports more than the write
-	# (librbd over-reports: README, Precision); the server's precise answer
+	# (librbd over-reports: docs/precision.md); the server's precise answer
 	# is what was written.
 	same "$(snapmeta delta rsm-e2e/rbd/image-build-test@s1 rsm-e2e/rbd/image-build-test@s2)" \
 		'[{"offset":524288,"length":65536},{"offset":8388608,"length":65536}]' delta

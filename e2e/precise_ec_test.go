@@ -118,7 +118,7 @@ func TestPreciseOracleECDataPool(t *testing.T) {
 	})
 	t.Run("kinds", func(t *testing.T) {
 		// The volume kinds whose data can sit in a data pool, for the
-		// README's table.
+		// table of docs/precision.md, "Volume kinds".
 		kinds := []preciseKind{
 			{name: "EC data pool"},
 			{name: "EC data pool, restored from a snapshot", chain: true, mid: harness.CSISnapFeatures},

@@ -21,7 +21,7 @@ package e2e
 //
 // The default mode (precise) and exact must miss nothing; the modes that
 // trust the object map (object, precise with --trust-object-map) may, as
-// README's Precision section documents: their misses are logged.
+// docs/precision.md documents: their misses are logged.
 //
 //	./dev.sh e2e -run 'TestPrecise(Rollback|CopyOnRead|Format1|Migration)' -v
 

@@ -46,7 +46,7 @@ var preciseKinds = []preciseKind{
 // random 4 KiB writes, a snapshot, 64 more with a discard and zeros, a
 // snapshot, 64 more, a snapshot. Every mode must miss nothing, and precise
 // mode must stay near the truly changed bytes. The last log line is the
-// README's table of volume kinds.
+// table of docs/precision.md, "Volume kinds".
 //
 // A restored volume and a PVC clone are clones of clones: each first
 // write to an object copies the parent's data up, and through two levels

@@ -9,7 +9,7 @@
 #
 # RSM_BENCH_SCALE=ci (the default: 2^16 extents, 64 GiB sparse images, about
 # three minutes) or full (2^20 extents, a 1 TiB sparse image and two 10 TiB
-# ones, about half an hour). RSM_BENCH_BASELINE_BIN=PATH: see README, Performance.
+# ones, about half an hour). RSM_BENCH_BASELINE_BIN=PATH: see docs/performance.md, "The benchmark".
 # RSM_BENCH_RUNS=N overrides the timed runs per mode. RSM_BENCH_OUT=FILE also
 # writes the tables there (Markdown). The benchmark fails only on errors
 # (RPC errors, answers that differ from librbd's), never on time.

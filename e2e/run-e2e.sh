@@ -35,7 +35,7 @@ else
   echo "run-e2e: $RSM_K8S_BUILD_ERROR" >&2
 fi
 # ceph-csi-operator's manager and the operator's and Rook's manifests for
-# k8s_operator_test.go (e2e/k8s/k8s.sh csi-operator): minutes once (README), then
+# k8s_operator_test.go (e2e/k8s/k8s.sh csi-operator): minutes once (docs/development.md, CI), then
 # cached. A failed build fails that test, not the run.
 if RSM_CSI_OPERATOR_BIN=$(timed csi-operator "$HERE/k8s/k8s.sh" csi-operator); then
   export RSM_CSI_OPERATOR_BIN

@@ -24,7 +24,8 @@ import (
 )
 
 // defaultMaxStreams is --max-streams' default. A stream holds at most three
-// pages (about 2 MiB at the default page size, 14 MiB at the largest), an
+// pages (73 bytes a tuple, BenchmarkPager in driver/: about 3.4 MiB at the
+// default page size of 16384 tuples, 13.7 MiB at the largest, 65536), an
 // image, and in precise mode up to 32 objects refined at once, each in a
 // librados call (preciseWindow and preciseWalkWindow in rbd/precise; a
 // walk's delta, walkBatch*walkDeltaWindow list_snaps): 32 streams
@@ -123,8 +124,8 @@ func parseFlags(args []string) (*flags, error) {
 	fs.StringVar(&f.blockType, "block-metadata-type", "VARIABLE_LENGTH", "VARIABLE_LENGTH or FIXED_LENGTH")
 	fs.Int64Var(&f.blockSize, "fixed-block-size", 1<<20, "tuple size in bytes for FIXED_LENGTH")
 	fs.StringVar(&f.precision, "precision", "precise", "precise: the bytes that changed (object map, then RADOS queries per changed object); exact: librbd's per-extent diff; object: whole RADOS objects (fast with fast-diff)")
-	fs.StringVar(&f.walk, "precise-walk", "auto", "how precise mode finds the objects of an image without a usable object map (no fast-diff): list (RADOS object listing of the pool's namespace: costs the pool's object count), probe (list_snaps of every object number, many in flight: costs the image's size), auto (list unless the pool holds over 16 objects per object of the image), librbd (librbd's own walk, one object at a time); see README, Performance")
-	fs.BoolVar(&f.trustOM, "trust-object-map", false, "precise deltas take candidates from the object map's dirty bits: faster, but misses changes after rbd snap rollback and on copy-on-read clones (see README, Precision)")
+	fs.StringVar(&f.walk, "precise-walk", "auto", "how precise mode finds the objects of an image without a usable object map (no fast-diff): list (RADOS object listing of the pool's namespace: costs the pool's object count), probe (list_snaps of every object number, many in flight: costs the image's size), auto (list unless the pool holds over 16 objects per object of the image), librbd (librbd's own walk, one object at a time); see docs/performance.md#without-an-object-map")
+	fs.BoolVar(&f.trustOM, "trust-object-map", false, "precise deltas take candidates from the object map's dirty bits: faster, but misses changes after rbd snap rollback and on copy-on-read clones (see docs/precision.md#candidates-and-why-not-the-object-maps-dirty-bits)")
 	fs.DurationVar(&f.mountTO, "ceph-connect-timeout", rbd.DefaultMountTimeout, "how long connecting to the monitors may take (librados client_mount_timeout)")
 	fs.DurationVar(&f.opTO, "ceph-op-timeout", rbd.DefaultOpTimeout, "librados monitor and OSD operation timeout")
 	fs.DurationVar(&f.idleTO, "ceph-conn-idle", rbd.DefaultIdleTimeout, "how long an unused cluster connection stays cached")

@@ -38,7 +38,7 @@ var Failed = []FailedSeed{
 	{Seed: 654573, Test: "TestPreciseVolumeKinds", Why: "restored and PVC-clone Deltas at 1.49x, over the 1.1x bound, while fill drew one number per 8 bytes (cf26f53)"},
 	{Seed: 827698, Test: "TestPreciseOracle", Why: "rbd migration abort left its target among a clone's parent's children: 'Directory not empty' in cleanup (f225639, 710256a)"},
 	{Seed: 547538, Test: "TestPreciseOracle", Why: "tentacle: rados listsnaps ENOENT on an object whose clone the trim took after a rollback (36062fe)"},
-	{Seed: 811524, Test: "TestPreciseOracle", Why: "an Allocated from an offset inside a clone's object over-reported 39,698 bytes (eade662; open, README)"},
+	{Seed: 811524, Test: "TestPreciseOracle", Why: "an Allocated from an offset inside a clone's object over-reported 39,698 bytes (eade662; open, docs/limitations.md)"},
 	{Seed: 945337, Test: "TestPreciseOracle", Why: "the reverted offset fix: the same bytes from an offset, split at an object boundary (7e84257)"},
 	{Seed: 945338, Test: "TestPreciseOracle", Why: "the reverted offset fix panicked on a clipped empty extent (7e84257)"},
 	{Seed: 945339, Test: "TestPreciseOracle", Why: "named failed with 945337-945340 in issue 28"},

@@ -30,7 +30,7 @@ const KiB = 1 << 10
 
 // Modes are the three --precision settings, and precise mode with
 // --trust-object-map. unsafe names, for a mode that can miss changed
-// bytes, the README passage (section Precision) that says when: its
+// bytes, the passage of docs/precision.md that says when: its
 // misses are logged and counted, not failed, in histories of the kinds
 // listed in when (any history when when is nil); elsewhere they fail.
 var Modes = []struct {
@@ -39,10 +39,10 @@ var Modes = []struct {
 	unsafe string
 	when   []string
 }{
-	{"object", rsm.Options{WholeObject: true}, "README, Precision: --precision=object trusts the object map (rollback, copy-on-read, shrink-snapshot-grow)", nil},
+	{"object", rsm.Options{WholeObject: true}, "docs/precision.md#candidates-and-why-not-the-object-maps-dirty-bits: --precision=object trusts the object map (rollback, copy-on-read, shrink-snapshot-grow)", nil},
 	{"exact", rsm.Options{}, "", nil},
 	{"precise", rsm.Options{Precise: true}, "", nil},
-	{"precise-trusted", rsm.Options{Precise: true, TrustObjectMap: true}, "README, Precision: --trust-object-map (rollback, copy-on-read)", []string{"rollback", "copy-on-read"}},
+	{"precise-trusted", rsm.Options{Precise: true, TrustObjectMap: true}, "docs/precision.md#candidates-and-why-not-the-object-maps-dirty-bits: --trust-object-map (rollback, copy-on-read)", []string{"rollback", "copy-on-read"}},
 	// Without an object map (TestPreciseOracleLayering) precise mode walks
 	// every object itself; this is the walk left to librbd instead.
 	{"precise-librbd-walk", rsm.Options{Precise: true, Walk: rsm.WalkLibrbd}, "", nil},

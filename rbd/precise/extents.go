@@ -21,7 +21,8 @@ import (
 // mapext and not here; both are safe, since a byte that reads as zero at
 // both ends of a delta did not change, and one that reads as zero holds no
 // data for Allocated. The OSD still reads the chunks it hashes, so an
-// object costs in proportion to its size (see README, Precision).
+// object costs in proportion to its size (see docs/precision.md,
+// "Erasure-coded data pools").
 
 // dataChunk is the granularity of checksum refinement.
 const dataChunk = 4096

@@ -33,7 +33,7 @@ const (
 // the walked range for WalkAuto to list rather than probe. Listing returns
 // about a thousand names per OSD round trip, so a listed object costs a
 // small fraction of a probed one (a list_snaps each); measured in the
-// bench (README, Performance).
+// bench (docs/performance.md, "Without an object map").
 const listRatio = 16
 
 // Why listing finds every object a delta or allocated walk needs: an

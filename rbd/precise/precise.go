@@ -77,7 +77,7 @@ const (
 	// an OS thread in a synchronous librados call for about 0.1-0.3 ms
 	// (maxRefining bounds them across streams). 32 refined a 10 TiB
 	// image's 52,000 candidates 1.29× faster than 16 in the same bench
-	// run (medians of 5, noisy: README, Performance).
+	// run (medians of 5, noisy: CHANGELOG.md, 2026-12-01).
 	preciseWindow = 32
 	// preciseWalkWindow is the same when every object is a candidate
 	// (Refiner.unmapped): most answer ENOENT or need one list_snaps, so more
