@@ -12,26 +12,25 @@ import (
 //
 // Errors returned by a Source (from Open, Iterate or Close) are classified
 // with errors.Is against these standard sentinels, so that the Source needs
-// to import neither this package nor gRPC:
+// to import neither this package nor gRPC. toStatus gives each class its
+// gRPC code; docs/errors.md is the table of codes, and when to retry:
 //
-//	fs.ErrNotExist          NOT_FOUND: cluster, pool, namespace, image or snapshot unknown,
+//	fs.ErrNotExist          cluster, pool, namespace, image or snapshot unknown,
 //	                        or removed while the diff read it (then from Iterate)
-//	fs.ErrInvalid           INVALID_ARGUMENT: malformed ID, base not older than target,
-//	                        snapshots of different volumes, secrets missing
-//	Unauthenticated() bool  UNAUTHENTICATED: an error with this method, returning
-//	                        true, says the credentials were refused (wrong key,
-//	                        unknown user)
-//	Aborted() bool          ABORTED: another client changed a snapshot while the
-//	                        diff read it (a parent flattened away); asking again
+//	fs.ErrInvalid           malformed ID, base not older than target, snapshots
+//	                        of different volumes, secrets missing
+//	Unauthenticated() bool  an error with this method, returning true, says the
+//	                        credentials were refused (wrong key, unknown user)
+//	Aborted() bool          another client changed a snapshot while the diff
+//	                        read it (a parent flattened away); asking again
 //	                        gives a right answer
-//	fs.ErrPermission        PERMISSION_DENIED: the Ceph user lacks the caps
-//	errors.ErrUnsupported   FAILED_PRECONDITION: the cluster cannot answer this
-//	                        (librbd too old, clone flattened: a full backup is needed)
-//	os.ErrDeadlineExceeded  UNAVAILABLE: the cluster did not answer in time
-//	                        (temporary)
-//	Temporary() bool        UNAVAILABLE: an error with this method, returning
-//	                        true, goes away by itself (a connection reset or
-//	                        shut down, an OSD restarting, a monitor failover)
+//	fs.ErrPermission        the Ceph user lacks the caps
+//	errors.ErrUnsupported   the cluster cannot answer this (librbd too old,
+//	                        clone flattened: a full backup is needed)
+//	os.ErrDeadlineExceeded  the cluster did not answer in time (temporary)
+//	Temporary() bool        an error with this method, returning true, goes
+//	                        away by itself (a connection reset or shut down, an
+//	                        OSD restarting, a monitor failover)
 //
 // An error that is temporary (os.ErrDeadlineExceeded, or Temporary()
 // true, and none of the classes above it) from Iterate does not end the

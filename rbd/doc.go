@@ -78,7 +78,9 @@
 //	os.ErrDeadlineExceeded  the monitors are unreachable or give no session in
 //	                        time (no quorum, hung), or librados timed out
 //	cepherr.ErrUnavailable  an OSD could not load an object class (EOPNOTSUPP);
-//	                        its Temporary method returns true (UNAVAILABLE)
+//	                        its Temporary method returns true
+//
+// The driver gives each class its gRPC code: docs/errors.md has the table.
 //
 // Errors that go away by themselves (timeouts, connections reset or shut
 // down, EAGAIN, EOPNOTSUPP) have a Temporary method that returns true, and
