@@ -30,8 +30,9 @@ if RSM_K8S_BIN=$(timed k8s "$HERE/k8s/k8s.sh" build); then
   export RSM_K8S_BIN
   export RSM_BIND="$RSM_K8S_BIN${RSM_BIND:+ $RSM_BIND}"
 else
+  rc=$?
   unset RSM_K8S_BIN
-  export RSM_K8S_BUILD_ERROR="e2e/k8s/k8s.sh build failed (exit $?; its output is above)"
+  export RSM_K8S_BUILD_ERROR="e2e/k8s/k8s.sh build failed (exit $rc; its output is above)"
   echo "run-e2e: $RSM_K8S_BUILD_ERROR" >&2
 fi
 # ceph-csi-operator's manager and the operator's and Rook's manifests for
@@ -41,8 +42,9 @@ if RSM_CSI_OPERATOR_BIN=$(timed csi-operator "$HERE/k8s/k8s.sh" csi-operator); t
   export RSM_CSI_OPERATOR_BIN
   export RSM_BIND="$RSM_CSI_OPERATOR_BIN${RSM_BIND:+ $RSM_BIND}"
 else
+  rc=$?
   unset RSM_CSI_OPERATOR_BIN
-  export RSM_CSI_OPERATOR_BUILD_ERROR="e2e/k8s/k8s.sh csi-operator failed (exit $?; its output is above)"
+  export RSM_CSI_OPERATOR_BUILD_ERROR="e2e/k8s/k8s.sh csi-operator failed (exit $rc; its output is above)"
   echo "run-e2e: $RSM_CSI_OPERATOR_BUILD_ERROR" >&2
 fi
 # helm, for the chart's test (k8s_helm_test.go): a build and cache of its own.
@@ -50,8 +52,9 @@ if RSM_HELM_BIN=$(timed helm "$HERE/k8s/k8s.sh" helm); then
   export RSM_HELM_BIN
   export RSM_BIND="$RSM_HELM_BIN${RSM_BIND:+ $RSM_BIND}"
 else
+  rc=$?
   unset RSM_HELM_BIN
-  export RSM_HELM_BUILD_ERROR="e2e/k8s/k8s.sh helm failed (exit $?; its output is above)"
+  export RSM_HELM_BUILD_ERROR="e2e/k8s/k8s.sh helm failed (exit $rc; its output is above)"
   echo "run-e2e: $RSM_HELM_BUILD_ERROR" >&2
 fi
 # The deploy test (k8s_deploy_test.go) applies deploy/'s examples over
