@@ -14,7 +14,8 @@ import (
 // on it. When the Diff is a SeamChecker, the driver keeps the extents it
 // received from the last units before the end of what it received, and
 // the re-opened diff starts that many units earlier (CheckFrom): what it
-// delivers there must be covered by what was received. A Source that lost
+// delivers there must be covered by what was received (or, with a
+// Resumer, fall in a unit of which something was received). A Source that lost
 // extents before a failure then has them in the re-read, and the stream
 // ends ABORTED (ask again) instead of OK with a hole; the mismatch is
 // logged and counted (SeamObserver). The snapshots are immutable, so an
@@ -56,6 +57,11 @@ type seam struct {
 	want     []Extent // what was received in [from, until)
 	n        int      // want[:n] end before what is checked next
 	upTo     int64    // checked and covered up to here
+	// units are the starts of the units (Resumer) of want, ascending;
+	// unitOf names them, nil when the Diff is no Resumer.
+	units  []int64
+	u      int // units[:u] lie before what is checked next
+	unitOf func(int64) int64
 }
 
 // record keeps e, which the stream received. Every trimEvery extents,
@@ -100,7 +106,10 @@ func (s *seam) begin(diff Diff, start, until, from int64) int64 {
 	if cf >= from || cf < s.dropped {
 		return from
 	}
-	s.want = s.want[:0]
+	s.want, s.units, s.unitOf = s.want[:0], s.units[:0], nil
+	if rs, ok := diff.(Resumer); ok {
+		s.unitOf = rs.ResumeFrom
+	}
 	for _, e := range s.recent {
 		if e.Offset+e.Length <= cf || e.Offset >= until {
 			continue
@@ -110,8 +119,15 @@ func (s *seam) begin(diff Diff, start, until, from int64) int64 {
 			e.Offset = cf
 		}
 		s.want = append(s.want, e)
+		if s.unitOf != nil {
+			for _, u := range [2]int64{s.unitOf(e.Offset), s.unitOf(e.Offset + e.Length - 1)} {
+				if n := len(s.units); n == 0 || s.units[n-1] < u {
+					s.units = append(s.units, u)
+				}
+			}
+		}
 	}
-	s.checking, s.until, s.n, s.upTo = true, until, 0, cf
+	s.checking, s.until, s.n, s.upTo, s.u = true, until, 0, cf, 0
 	return cf
 }
 
@@ -134,23 +150,67 @@ func (s *seam) check(e Extent) (over bool, err error) {
 }
 
 // covered reports whether the extents received cover [off, end). Calls
-// come in ascending order of off, as a diff's extents do. Only a byte
-// that the resumed diff has and the stream lacks is a hole: a stream that
+// come in ascending order of off, as a diff's extents do. A stream that
 // received more (precise mode's fallback before the failure, refined
-// after it) reported more than changed, which is allowed.
+// after it) reported more than changed, which is allowed. A byte that the
+// resumed diff has and the stream lacks is a hole, unless the Diff is a
+// Resumer and the stream received something of that byte's unit: every
+// hole known is whole units (a librbd request that failed, a precise job
+// that did not run), and a unit received in part differs only in
+// precision (a fallback in the re-read where the first read refined).
 func (s *seam) covered(off, end int64) bool {
 	pos := max(off, s.upTo)
 	for pos < end {
 		for s.n < len(s.want) && s.want[s.n].Offset+s.want[s.n].Length <= pos {
 			s.n++
 		}
-		if s.n == len(s.want) || s.want[s.n].Offset > pos {
+		if s.n < len(s.want) && s.want[s.n].Offset <= pos {
+			pos = s.want[s.n].Offset + s.want[s.n].Length
+		} else if s.receivedUnit(pos) {
+			next := end
+			if s.n < len(s.want) {
+				next = min(end, s.want[s.n].Offset)
+			}
+			pos = s.unitEnd(pos, next)
+		} else {
 			return false
 		}
-		pos = s.want[s.n].Offset + s.want[s.n].Length
 		s.upTo = pos
 	}
 	return true
+}
+
+// unitEnd returns where the unit of pos ends, or limit if that is
+// sooner: the least x in (pos, limit] of another unit (units ascend with
+// offsets), found by bisection.
+func (s *seam) unitEnd(pos, limit int64) int64 {
+	u := s.unitOf(pos)
+	if s.unitOf(limit-1) == u {
+		return limit
+	}
+	lo, hi := pos, limit-1 // unitOf(lo) == u, unitOf(hi) != u
+	for hi-lo > 1 {
+		mid := lo + (hi-lo)/2
+		if s.unitOf(mid) == u {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return hi
+}
+
+// receivedUnit reports whether the stream received an extent of the unit
+// of pos, when the Diff names units. Calls come in ascending order of pos.
+func (s *seam) receivedUnit(pos int64) bool {
+	if s.unitOf == nil {
+		return false
+	}
+	u := s.unitOf(pos)
+	for s.u < len(s.units) && s.units[s.u] < u {
+		s.u++
+	}
+	return s.u < len(s.units) && s.units[s.u] == u
 }
 
 // finish ends the check: the resumed diff ended before it went past the

@@ -94,3 +94,43 @@ func (objectChecker) Close() error                { return nil }
 func (objectChecker) Iterate(context.Context, int64, func(Extent) error) error {
 	return nil
 }
+
+// unitChecker is a Diff of units of 1000 bytes whose seam check starts
+// at 0.
+type unitChecker struct{ checkerAt }
+
+func (unitChecker) ResumeFrom(off int64) int64 { return off - off%1000 }
+
+// TestSeamUnits: with a Resumer, a byte the stream lacks in a unit of
+// which it received something is a difference of precision (a fallback
+// in the re-read), not a hole; a unit it received nothing of is a hole.
+func TestSeamUnits(t *testing.T) {
+	recv := []Extent{{100, 50}, {2100, 50}, {4000, 1000}}
+	for _, c := range []struct {
+		name string
+		got  []Extent
+		ok   bool
+	}{
+		{"same", recv, true},
+		{"a fallback to whole units", []Extent{{0, 1000}, {2000, 1000}, {4000, 1000}}, true},
+		{"a fallback across two received units", []Extent{{0, 1000}, {1000, 0}, {2000, 1000}}, true},
+		{"a unit never received", []Extent{{100, 50}, {1100, 10}, {2100, 50}}, false},
+		{"the whole of a missing unit", []Extent{{100, 50}, {3000, 1000}, {4000, 1000}}, false},
+		{"a fallback then a missing unit", []Extent{{0, 1000}, {2000, 2000}}, false},
+	} {
+		s := seam{recent: recv}
+		if from := s.begin(unitChecker{}, 0, 8192, 8192); from != 0 {
+			t.Fatalf("begin: from %d, want 0", from)
+		}
+		ok := true
+		for _, e := range c.got {
+			if _, err := s.check(e); err != nil {
+				ok = false
+				break
+			}
+		}
+		if ok != c.ok {
+			t.Errorf("%s: covered %v, want %v", c.name, ok, c.ok)
+		}
+	}
+}
