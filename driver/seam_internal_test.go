@@ -28,17 +28,21 @@ func TestSeamCovered(t *testing.T) {
 		if from := s.begin(checkerAt(0), 0, 8192, 8192); from != 0 {
 			t.Fatalf("begin: from %d, want 0", from)
 		}
-		ok := true
-		for _, e := range c.got {
-			if _, err := s.check(e); err != nil {
-				ok = false
-				break
-			}
-		}
-		if ok != c.ok {
+		if ok := checks(&s, c.got); ok != c.ok {
 			t.Errorf("%s: covered %v, want %v", c.name, ok, c.ok)
 		}
 	}
+}
+
+// checks runs the extents of a resumed diff through a seam's check, and
+// reports whether it passed.
+func checks(s *seam, got []Extent) bool {
+	for _, e := range got {
+		if _, err := s.check(e); err != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // checkerAt is a Diff whose seam check starts at a fixed offset.
@@ -122,14 +126,7 @@ func TestSeamUnits(t *testing.T) {
 		if from := s.begin(unitChecker{}, 0, 8192, 8192); from != 0 {
 			t.Fatalf("begin: from %d, want 0", from)
 		}
-		ok := true
-		for _, e := range c.got {
-			if _, err := s.check(e); err != nil {
-				ok = false
-				break
-			}
-		}
-		if ok != c.ok {
+		if ok := checks(&s, c.got); ok != c.ok {
 			t.Errorf("%s: covered %v, want %v", c.name, ok, c.ok)
 		}
 	}

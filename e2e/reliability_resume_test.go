@@ -55,7 +55,10 @@ type resumeStream struct {
 
 // readToEnd reads the stream's pages until it ends, and records how and
 // when.
-func (s *resumeStream) readToEnd() {
+func (s *resumeStream) readToEnd() { s.readPaced(0) }
+
+// readPaced is readToEnd waiting every after each page: a consumer's pace.
+func (s *resumeStream) readPaced(every time.Duration) {
 	for {
 		resp, err := s.recv()
 		if err != nil {
@@ -63,6 +66,7 @@ func (s *resumeStream) readToEnd() {
 			return
 		}
 		s.got = append(s.got, harness.ToPage(resp).Tuples...)
+		time.Sleep(every)
 	}
 }
 
@@ -516,15 +520,7 @@ func TestReliabilityResumeNoHole(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for {
-				resp, err := s.recv()
-				if err != nil {
-					s.err, s.ended = err, time.Now()
-					return
-				}
-				s.got = append(s.got, harness.ToPage(resp).Tuples...)
-				time.Sleep(s.every)
-			}
+			s.readPaced(s.every)
 		}()
 	}
 	time.Sleep(faultAt)
