@@ -91,11 +91,7 @@ func (r *streamRun) iterate(ctx context.Context) error {
 			// stream ends for the cancel, not for the cluster.
 			return ctx.Err()
 		}
-		if cause == nil {
-			// A resumed diff that ended before the resume point.
-			return r.seamErr(ctx, r.seam.finish())
-		}
-		if r.final(ctx, cause) {
+		if cause == nil || r.final(ctx, cause) {
 			return r.seamErr(ctx, cause)
 		}
 		at := r.p.resume()

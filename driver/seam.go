@@ -133,7 +133,8 @@ func (s *seam) begin(diff Diff, start, until, from int64) int64 {
 
 // check takes an extent of the resumed diff while the check runs: its
 // bytes before the resume point must be covered by what the stream
-// received. It reports whether the check is over, so that e goes on to
+// received (a resumed diff that ends before the resume point with less
+// than was received has no hole). It reports whether the check is over, so that e goes on to
 // the pager (which drops what lies before the resume point); an extent
 // that ends at or below the resume point goes no further (the stream has
 // it).
@@ -211,13 +212,6 @@ func (s *seam) receivedUnit(pos int64) bool {
 		s.u++
 	}
 	return s.u < len(s.units) && s.units[s.u] == u
-}
-
-// finish ends the check: the resumed diff ended before it went past the
-// resume point. Having less than was received is no hole.
-func (s *seam) finish() error {
-	s.checking = false
-	return nil
 }
 
 // errSeamMismatch ends a stream whose resumed diff has bytes before the
