@@ -102,6 +102,14 @@ type Resumer interface {
 	ResumeFrom(offset int64) int64
 }
 
+// Lineager is implemented by a Diff that names what it reads: its
+// snapshots and their parent snapshots, by ID (rbd's Diff.Lineage). A
+// re-opened Diff must read what the first one read: had a parent been
+// flattened away in between, say, what was sent before the seam may have
+// been read from a parent snapshot that was being trimmed, and only the
+// first Diff's own check at its end could have told.
+type Lineager interface{ Lineage() string }
+
 // Extent is a byte range of a volume: [Offset, Offset+Length).
 type Extent struct {
 	Offset int64

@@ -389,14 +389,8 @@ func mergeRefinement(a, b Refinement) Refinement {
 	return a
 }
 
-// Lineager is implemented by a Diff that names what it reads: its
-// snapshots and their parent snapshots, by ID (rbd's Diff.Lineage). A
-// re-opened Diff must read what the first one read: had a parent been
-// flattened away in between, say, what was sent before the seam may have
-// been read from a parent snapshot that was being trimmed, and only the
-// first Diff's own check at its end could have told.
-type Lineager interface{ Lineage() string }
-
+// lineageOf returns what diff reads (Lineager), empty when it does not
+// say.
 func lineageOf(diff Diff) string {
 	if l, ok := diff.(Lineager); ok {
 		return l.Lineage()
