@@ -20,8 +20,11 @@ import (
 
 // The layout's rules (docs/design.md, "Layout"): rbd/ knows no gRPC, CSI or
 // driver; the driver no Ceph (and so no cgo); the server no Ceph and no
-// driver, nor does metrics, which the server imports. Each rule is an import edge that must not come back; the test
-// asks the go command, as a reader would with go list -deps.
+// driver, nor does metrics, which the server imports; internal/ holds
+// leaves, which import nothing of the project. rbddriver, which adapts rbd
+// to the driver, stands above both, and none of them imports it. Each rule
+// is an import edge that must not come back; the test asks the go command,
+// as a reader would with go list -deps.
 
 const module = "github.com/rbd-snapshot-metadata/rbd-snapshot-metadata"
 
@@ -33,21 +36,25 @@ type rule struct {
 
 var rules = []rule{
 	{"./rbd/...", []string{
-		module + "/driver", module + "/server", module + "/internal/rbddriver",
+		module + "/driver", module + "/server", module + "/rbddriver",
 		"google.golang.org/grpc", "github.com/container-storage-interface/",
-	}, "rbd knows no gRPC, CSI or driver (internal/rbddriver adapts it)"},
+	}, "rbd knows no gRPC, CSI or driver (rbddriver adapts it)"},
 	{"./rbd/internal/conn/...", []string{
 		module + "/rbd$", module + "/rbd/precise", "k8s.io/klog",
 	}, "conn sits below rbd: it imports neither rbd nor precise mode, and does not log"},
 	{"./driver/...", []string{
-		module + "/rbd", module + "/server", module + "/internal/rbddriver", "github.com/ceph/go-ceph",
+		module + "/rbd", module + "/server", module + "/rbddriver", "github.com/ceph/go-ceph",
 	}, "the driver knows no Ceph and builds without cgo"},
 	{"./server/...", []string{
-		module + "/rbd", module + "/internal/rbddriver", "github.com/ceph/go-ceph",
+		module + "/rbd", module + "/rbddriver", "github.com/ceph/go-ceph",
 		module + "/driver",
 	}, "the server knows no Ceph and no driver (internal/clip quotes IDs for both)"},
 	{"./metrics/...", []string{module + "/driver", module + "/rbd", "github.com/ceph/go-ceph"},
 		"metrics, which the server imports, knows no driver (internal/report holds what it counts)"},
+	{"./internal/...", []string{
+		module + "/driver", module + "/server", module + "/rbd", module + "/rbddriver",
+		module + "/metrics", module + "/client", module + "/cmd", module + "/e2e",
+	}, "internal/ holds the leaves that the driver, the server, metrics and rbd share: they import nothing of the project above them"},
 }
 
 type listed struct {

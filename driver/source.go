@@ -7,7 +7,7 @@ import (
 )
 
 // Source opens snapshots for diffing. The rbd package implements it on top
-// of librbd, adapted by internal/rbddriver; tests use a fake. It is all the
+// of librbd, adapted by package rbddriver; tests use a fake. It is all the
 // driver knows about Ceph.
 //
 // Errors returned by a Source (from Open, Iterate or Close) are classified

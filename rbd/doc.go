@@ -3,7 +3,7 @@
 //
 // A Source opens a pair of snapshots (Request) and returns a Diff: the
 // target snapshot's allocated extents when there is no base, otherwise the
-// extents that changed from the base to the target. internal/rbddriver
+// extents that changed from the base to the target. rbddriver
 // adapts Source and Diff to the driver package's interfaces; this package
 // imports neither the driver nor gRPC (layout_test.go checks), and it does
 // not log.

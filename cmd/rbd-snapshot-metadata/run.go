@@ -17,9 +17,9 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/driver"
-	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/internal/rbddriver"
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/metrics"
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbddriver"
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/server"
 )
 

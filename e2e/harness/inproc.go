@@ -2,7 +2,7 @@
 
 package harness
 
-// An in-process server (rbd.Source + internal/rbddriver + driver +
+// An in-process server (rbd.Source + rbddriver + driver +
 // server.Run) whose source, handlers and goroutines the test can inspect.
 
 import (
@@ -21,8 +21,8 @@ import (
 	"k8s.io/klog/v2/textlogger"
 
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/driver"
-	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/internal/rbddriver"
 	rsm "github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbddriver"
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/server"
 )
 

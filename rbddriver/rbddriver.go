@@ -1,8 +1,8 @@
 // Package rbddriver serves rbd's snapshots through the driver: it adapts
 // rbd.Source to driver.Source. The two packages share no types, so that rbd
 // needs neither gRPC nor the driver, and the driver no cgo; the adapter
-// lives outside both (here, where cmd/ and the e2e tests import it), so
-// that neither imports the other.
+// stands one floor above both (cmd/ and the e2e tests import it), so that
+// neither imports the other.
 package rbddriver
 
 import (
