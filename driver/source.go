@@ -124,7 +124,7 @@ type Refiner interface {
 	Refinement() Refinement
 }
 
-// Refinement is what precise mode did in one stream (see
-// report.Refinement, where it is declared so that metrics, which counts
-// it, needs no driver).
+// Refinement is what precise mode did in one stream: report.Refinement,
+// which precise mode fills and metrics counts, declared there so that
+// neither needs the driver.
 type Refinement = report.Refinement

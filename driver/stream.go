@@ -342,11 +342,7 @@ func refinementLog(r Refinement) []any {
 	if r.ImageFallback != "" {
 		kv = append(kv, "imageFallback", r.ImageFallback, "imageFallbackDetail", r.ImageFallbackDetail)
 	}
-	var n int64
-	for _, c := range r.ObjectFallbacks {
-		n += c
-	}
-	if n > 0 {
+	if n := r.ObjectFallbackCount(); n > 0 {
 		kv = append(kv, "objectFallbacks", n, "objectFallbackReasons", r.ObjectFallbacks, "lastObjectFallback", r.LastObjectFallback)
 	}
 	return kv

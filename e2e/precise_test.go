@@ -137,7 +137,7 @@ func TestPreciseFallsBackAndStops(t *testing.T) {
 		for _, base := range []string{"", "s1"} {
 			want, _, _ := w.Query(srcs["exact"], p, base, "s2", "exact")
 			got, _, st := w.Query(srcs["precise"], p, base, "s2", "precise")
-			if !strings.Contains(st.Unrefined, "striping") {
+			if !strings.Contains(st.ImageFallbackDetail, "striping") {
 				t.Errorf("base %q: precise stats %+v, want unrefined for striping", base, st)
 			}
 			if !slices.Equal(got[0], want[0]) {

@@ -1,11 +1,9 @@
 package rbd
 
 import (
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/internal/report"
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd/precise"
 )
-
-// PreciseStats describes precise mode's work on a Diff (package precise).
-type PreciseStats = precise.Stats
 
 // How precise mode finds the candidates of an image without a usable
 // object map (Options.Walk); see package precise.
@@ -18,7 +16,7 @@ const (
 
 // openPrecise prepares precise mode (package precise) after open: the image as
 // plain values, from which precise mode opens handles of its own. When it
-// cannot refine, the Diff runs librbd's exact diff and PreciseStats says
+// cannot refine, the Diff runs librbd's exact diff and Refinement says
 // why. Only failing to read what a shrink cut off is an error.
 func (d *Diff) openPrecise() error {
 	t := d.target
@@ -45,9 +43,10 @@ func (d *Diff) openPrecise() error {
 	return nil
 }
 
-// PreciseStats describes precise mode's work on this Diff so far.
-func (d *Diff) PreciseStats() PreciseStats {
+// Refinement describes precise mode's work on this Diff so far
+// (driver.Refiner): On is false when precise mode is off.
+func (d *Diff) Refinement() report.Refinement {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.refine.Stats()
+	return d.refine.Refinement()
 }

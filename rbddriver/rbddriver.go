@@ -33,24 +33,10 @@ func (d diff) Iterate(ctx context.Context, offset int64, fn func(driver.Extent) 
 	})
 }
 
-// Refinement implements driver.Refiner.
-func (d diff) Refinement() driver.Refinement {
-	st := d.Diff.PreciseStats()
-	return driver.Refinement{
-		On:                  st.On,
-		Candidates:          st.Candidates,
-		Objects:             st.Objects,
-		Checksummed:         st.Checksummed,
-		ImageFallback:       st.UnrefinedReason,
-		ImageFallbackDetail: st.Unrefined,
-		ObjectFallbacks:     st.FallbackReasons,
-		LastObjectFallback:  st.LastFallback,
-	}
-}
-
 // The driver finds these by type assertion on the Diff that Open returns:
-// Lineage and ResumeFrom come from the embedded *rbd.Diff, Refinement from
-// the adapter. Losing one would not fail to compile anywhere else.
+// Lineage, ResumeFrom, CheckFrom and Refinement come from the embedded
+// *rbd.Diff (Refinement's type is the driver's, internal/report's). Losing
+// one would not fail to compile anywhere else.
 var (
 	_ driver.Diff        = diff{}
 	_ driver.Refiner     = diff{}

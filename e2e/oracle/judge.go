@@ -98,7 +98,7 @@ func (w *Workload) Check(srcs map[string]*rsm.Source, tot *Totals) *Totals {
 				if m.Name == "precise" {
 					tot.Checksummed += st.Checksummed
 				}
-				if st.Unrefined != "" || st.Fallbacks != 0 {
+				if st.ImageFallbackDetail != "" || st.ObjectFallbackCount() != 0 {
 					t.Errorf("%s: not refined: %+v", what, st)
 				}
 				walked := st.Candidates == "walk" || st.Candidates == "listing"

@@ -20,6 +20,7 @@ import (
 	"github.com/ceph/go-ceph/rbd"
 
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/harness"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/internal/report"
 	rsm "github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd"
 )
 
@@ -117,7 +118,7 @@ type Workload struct {
 	// one ClusterID names).
 	NS string
 	// Walks: the checked image has no usable object map, so precise mode
-	// must walk its objects itself (PreciseStats.Candidates "walk").
+	// must walk its objects itself (Refinement.Candidates "walk").
 	Walks bool
 	Zero  *rados.IOContext // nil: write-zeroes become plain discards
 	seed  uint64
@@ -335,7 +336,7 @@ type Extent struct{ off, len int64 }
 // checks the extents are ascending, non-overlapping, within the capacity
 // and that the first ends after its offset. The time is that of Open and
 // the first Iterate.
-func (w *Workload) Query(src *rsm.Source, p *Image, base, target string, mode string, offsets ...int64) ([][]Extent, time.Duration, rsm.PreciseStats) {
+func (w *Workload) Query(src *rsm.Source, p *Image, base, target string, mode string, offsets ...int64) ([][]Extent, time.Duration, report.Refinement) {
 	t := w.T
 	t.Helper()
 	req := w.request(p, base, target)
@@ -371,7 +372,7 @@ func (w *Workload) Query(src *rsm.Source, p *Image, base, target string, mode st
 		}
 		all = append(all, got)
 	}
-	return all, dur, d.PreciseStats()
+	return all, dur, d.Refinement()
 }
 
 // request is the request of a query of p: base empty for Allocated.

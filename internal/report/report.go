@@ -1,9 +1,13 @@
-// Package report declares what the driver reports of a stream to its
-// observers, where both the driver and the metrics that count it (which
-// the server imports) may use it: the server then depends on no driver.
+// Package report declares what precise mode did, in one type that precise
+// mode fills (rbd/precise), the driver reports (its log line and
+// observers) and metrics counts: a leaf that each of them may import, so
+// that the server, which imports metrics, depends on no driver, and
+// metrics and the driver on no Ceph.
 package report
 
-// Refinement is what precise mode did in one stream.
+// Refinement is what precise mode did in one Diff or, added up, in one
+// stream. Its fields keep their names from precise mode to the log line
+// (docs/metrics.md names the log keys).
 type Refinement struct {
 	// On is set when the Diff was asked to refine; the rest is zero
 	// otherwise.
@@ -28,4 +32,14 @@ type Refinement struct {
 	// last of these.
 	ObjectFallbacks    map[string]int64
 	LastObjectFallback string
+}
+
+// ObjectFallbackCount is how many objects were reported whole: the sum of
+// ObjectFallbacks.
+func (r Refinement) ObjectFallbackCount() int64 {
+	var n int64
+	for _, c := range r.ObjectFallbacks {
+		n += c
+	}
+	return n
 }

@@ -162,8 +162,8 @@ func TestIterateWalkAsksNothing(t *testing.T) {
 		if len(got) == 0 {
 			t.Errorf("delta %v: nothing emitted", delta)
 		}
-		if st := r.Stats(); st.Candidates != "walk" {
-			t.Errorf("delta %v: Stats().Candidates %q, want walk", delta, st.Candidates)
+		if st := r.Refinement(); st.Candidates != "walk" {
+			t.Errorf("delta %v: Refinement().Candidates %q, want walk", delta, st.Candidates)
 		}
 	}
 }

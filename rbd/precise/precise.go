@@ -4,11 +4,13 @@
 //
 // It has one door. rbd hands Open the image as plain values (Image) and
 // gets a Refiner, which opens read-only handles of its own; Open never
-// fails: a Refiner that cannot refine says why (Refines, Stats), and rbd
-// runs librbd's exact diff instead. Refiner.Iterate asks librbd for what it
-// needs only through the Differ it is given (whole-object diffs), and
-// delivers the refined extents to one emit function. Stats counts its
-// work; Close releases its handles. It imports nothing of rbd.
+// fails: a Refiner that cannot refine says why (Refines, Refinement), and
+// rbd runs librbd's exact diff instead. Refiner.Iterate asks librbd for
+// what it needs only through the Differ it is given (whole-object diffs),
+// and delivers the refined extents to one emit function. Refinement
+// counts its work, in the type that the driver reports and metrics counts
+// (internal/report); Close releases its handles. It imports nothing of
+// rbd.
 //
 // It has three stages, within an Iterate call:
 //
@@ -63,13 +65,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd/internal/cepherr"
 	"maps"
 	"sync"
 	"sync/atomic"
 
 	"github.com/ceph/go-ceph/rados"
 	librbd "github.com/ceph/go-ceph/rbd"
+
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/internal/report"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd/internal/cepherr"
 )
 
 const (
@@ -91,34 +95,10 @@ const (
 	walkDeltaWindow = 2
 )
 
-// Stats describes the precise refinement of a Diff's iterations.
-type Stats struct {
-	// On is set when precise mode was asked for.
-	On bool
-	// Candidates says where a delta's candidates come from: "existence"
-	// or "object map" (see the package comment); for an image without a
-	// usable object map (allocated too), "listing" when the walk took the
-	// objects that RADOS' listing found, "walk" when it probed every
-	// object number (see list.go); empty otherwise.
-	Candidates string
-	// Unrefined says why the Diff runs librbd's exact diff instead of
-	// precise mode, UnrefinedReason the same as one of the Reason
-	// constants; both empty when it refines (or precise mode is off).
-	Unrefined, UnrefinedReason string
-	// Objects counts the candidate objects refined, Fallbacks those
-	// reported whole because refining failed, FallbackReasons those by
-	// Reason; LastFallback is the error of the last of these.
-	Objects, Fallbacks int64
-	// Checksummed counts the object queries answered by checksums
-	// because the pool refused mapext (an erasure-coded data pool).
-	Checksummed     int64
-	FallbackReasons map[string]int64
-	LastFallback    string
-}
-
 // Reasons why precise mode fell back, short enough for a metric label:
-// for a whole image (to librbd's exact diff) or for one object (to its
-// whole-object extent).
+// for a whole image (to librbd's exact diff: report.Refinement's
+// ImageFallback) or for one object (to its whole-object extent: the keys
+// of ObjectFallbacks).
 const (
 	ReasonStriping   = "striping"    // image: non-default striping
 	ReasonEncrypted  = "encrypted"   // image: librbd-level encryption
@@ -156,7 +136,10 @@ func reasonOf(err error) string {
 // at the target (and base) snapshot, each with an ioctx reading at its
 // snapshot, and one reading the snap sets.
 type Refiner struct {
-	unrefined, reason string // why not; when set, nothing else is
+	// imageFallback is why the image is not refined, one of the Reason
+	// constants, imageFallbackDetail the whole error; when set, nothing
+	// else is.
+	imageFallback, imageFallbackDetail string
 
 	// refineHook, when set, refines every candidate instead of the
 	// RADOS queries of the mode: tests watch the candidates with it.
@@ -194,10 +177,10 @@ type Refiner struct {
 	// queries has one dataQuery per data pool, by name.
 	queries map[string]*dataQuery
 
-	objects, fallbacks, summed atomic.Int64
-	mu                         sync.Mutex
-	lastFallback               string
-	reasons                    map[string]int64
+	objects, summed    atomic.Int64
+	mu                 sync.Mutex
+	lastObjectFallback string
+	objectFallbacks    map[string]int64 // by Reason
 }
 
 // unrefinable is a reason to run librbd's exact diff instead.
@@ -206,8 +189,8 @@ type unrefinable struct{ reason, msg string }
 func (u unrefinable) Error() string { return u.msg }
 
 // Refines reports whether Iterate may be called: false when the image
-// cannot be refined (Stats says why) and for a nil Refiner.
-func (r *Refiner) Refines() bool { return r != nil && r.unrefined == "" }
+// cannot be refined (Refinement says why) and for a nil Refiner.
+func (r *Refiner) Refines() bool { return r != nil && r.imageFallbackDetail == "" }
 
 // Image is the image that precise mode refines, as plain values: Open
 // opens read-only handles of its own.
@@ -247,13 +230,13 @@ type Options struct {
 // Open prepares precise mode for img; it never fails. When the image
 // cannot be refined (non-default striping, encrypted by librbd, a clone
 // chain too deep), or preparing fails, the Refiner does not refine
-// (Refines reports false) and Stats says why: the caller then runs
+// (Refines reports false) and Refinement says why: the caller then runs
 // librbd's exact diff. The caller must Close it.
 func Open(img Image, o Options) *Refiner {
 	r := &Refiner{s2: img.Target, conn: img.Conn, walkMode: o.Walk}
 	if err := r.open(img, o); err != nil {
 		r.Close()
-		return &Refiner{unrefined: err.Error(), reason: reasonOf(err)}
+		return &Refiner{imageFallback: reasonOf(err), imageFallbackDetail: err.Error()}
 	}
 	return r
 }
@@ -502,26 +485,27 @@ func forcedRanges(objSize, lo, hi int64, rs []span) []span {
 }
 
 func (r *Refiner) fellBack(err error) {
-	r.fallbacks.Add(1)
 	r.mu.Lock()
-	r.lastFallback = err.Error()
-	if r.reasons == nil {
-		r.reasons = map[string]int64{}
+	r.lastObjectFallback = err.Error()
+	if r.objectFallbacks == nil {
+		r.objectFallbacks = map[string]int64{}
 	}
-	r.reasons[reasonOf(err)]++
+	r.objectFallbacks[reasonOf(err)]++
 	r.mu.Unlock()
 }
 
-// Stats describes the Refiner's work so far: safe to call at any time.
-func (r *Refiner) Stats() Stats {
+// Refinement describes the Refiner's work so far: safe to call at any
+// time. A nil Refiner (precise mode off) did nothing, and says so (On
+// false).
+func (r *Refiner) Refinement() report.Refinement {
 	if r == nil {
-		return Stats{}
+		return report.Refinement{}
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	st := Stats{On: true, Unrefined: r.unrefined, UnrefinedReason: r.reason,
-		Objects: r.objects.Load(), Fallbacks: r.fallbacks.Load(), Checksummed: r.summed.Load(), LastFallback: r.lastFallback,
-		FallbackReasons: maps.Clone(r.reasons)}
+	st := report.Refinement{On: true, ImageFallback: r.imageFallback, ImageFallbackDetail: r.imageFallbackDetail,
+		Objects: r.objects.Load(), Checksummed: r.summed.Load(),
+		ObjectFallbacks: maps.Clone(r.objectFallbacks), LastObjectFallback: r.lastObjectFallback}
 	if r.Refines() && r.base != nil {
 		st.Candidates = "object map"
 		if r.existence {
@@ -534,7 +518,7 @@ func (r *Refiner) Stats() Stats {
 			st.Candidates = "listing"
 		}
 		if r.listErr != "" {
-			st.LastFallback = "listing the pool's objects: " + r.listErr
+			st.LastObjectFallback = "listing the pool's objects: " + r.listErr
 		}
 	}
 	return st
