@@ -77,14 +77,14 @@ type Diff interface {
 	// of the volume sees it.
 	Capacity() int64
 	// Iterate runs the diff once, from offset to the end of the volume,
-	// calling fn for each extent in ascending order of Offset, without
-	// overlap. Extents lie within [offset, Capacity()). When fn returns an
+	// calling emit for each extent in ascending order of Offset, without
+	// overlap. Extents lie within [offset, Capacity()). When emit returns an
 	// error, the diff stops at once and Iterate returns that error. Iterate
 	// also stops with ctx's error when ctx is done. It returns nil only if
 	// every extent was delivered and the snapshots outlived the diff: a
 	// snapshot removed while it ran may have made extents go missing, and
 	// then Iterate fails (NOT_FOUND), so that the stream never ends OK.
-	Iterate(ctx context.Context, offset int64, fn func(Extent) error) error
+	Iterate(ctx context.Context, offset int64, emit func(Extent) error) error
 	// Close releases the snapshot (open images, the cluster connection).
 	Close() error
 }

@@ -27,7 +27,7 @@ type streamRun struct {
 	lineage  string // the first diff's (Lineager); a re-open must match
 	p        *pager
 	snd      *sender
-	addErr   error         // the pager's error: the client's side failed
+	emitErr  error         // the pager's error: the client's side failed
 	resumes  int           // diffs re-opened
 	resuming time.Duration // spent re-opening, in all
 	ref      Refinement    // what precise mode did in the diffs closed
@@ -143,8 +143,8 @@ func (r *streamRun) open(ctx context.Context) error {
 func (r *streamRun) iterate(ctx context.Context) error {
 	from := r.start
 	for {
-		cause := r.diff.Iterate(ctx, from, r.add)
-		if cause != nil && r.addErr == nil && ctx.Err() != nil {
+		cause := r.diff.Iterate(ctx, from, r.emit)
+		if cause != nil && r.emitErr == nil && ctx.Err() != nil {
 			// Cancelled while librbd waited for the cluster: the
 			// stream ends for the cancel, not for the cluster.
 			return ctx.Err()
@@ -167,15 +167,16 @@ func (r *streamRun) iterate(ctx context.Context) error {
 	}
 }
 
-// add hands an extent to the pager, keeping the pager's error: it ends the
-// stream (the client's side failed), it is never resumed. While a resumed
-// stream checks its seam (seam.go), the extents before the resume point
-// are compared instead; a mismatch ends the stream too.
-func (r *streamRun) add(e Extent) error {
+// emit is the stream's end of the chain of emits (Diff.Iterate's
+// callback): it hands an extent to the pager, keeping the pager's error:
+// it ends the stream (the client's side failed), it is never resumed.
+// While a resumed stream checks its seam (seam.go), the extents before the
+// resume point are compared instead; a mismatch ends the stream too.
+func (r *streamRun) emit(e Extent) error {
 	if r.seam.checking {
 		over, err := r.seam.check(e)
 		if err != nil {
-			r.addErr = err
+			r.emitErr = err
 			return err
 		}
 		if !over {
@@ -185,14 +186,14 @@ func (r *streamRun) add(e Extent) error {
 	r.seam.record(r.diff, e)
 	err := r.p.add(e)
 	if err != nil {
-		r.addErr = err
+		r.emitErr = err
 	}
 	return err
 }
 
 // final reports whether err, from the diff, ends the stream.
 func (r *streamRun) final(ctx context.Context, err error) bool {
-	return r.d.opts.ResumeBudget <= 0 || ctx.Err() != nil || r.addErr != nil || !temporary(err)
+	return r.d.opts.ResumeBudget <= 0 || ctx.Err() != nil || r.emitErr != nil || !temporary(err)
 }
 
 // resumed counts and logs one resume: the diff that failed with cause at

@@ -231,7 +231,7 @@ type gatedDiff struct {
 	g *stallGate
 }
 
-func (d gatedDiff) Iterate(ctx context.Context, offset int64, fn func(driver.Extent) error) error {
+func (d gatedDiff) Iterate(ctx context.Context, offset int64, emit func(driver.Extent) error) error {
 	n := 0
 	return d.Diff.Iterate(ctx, offset, func(e driver.Extent) error {
 		if n++; n == d.g.at {
@@ -242,7 +242,7 @@ func (d gatedDiff) Iterate(ctx context.Context, offset int64, fn func(driver.Ext
 				return ctx.Err()
 			}
 		}
-		return fn(e)
+		return emit(e)
 	})
 }
 

@@ -179,14 +179,14 @@ type panicDiff struct {
 	s *panicSource
 }
 
-func (d *panicDiff) Iterate(ctx context.Context, off int64, fn func(driver.Extent) error) error {
+func (d *panicDiff) Iterate(ctx context.Context, off int64, emit func(driver.Extent) error) error {
 	var n int64
 	return d.Diff.Iterate(ctx, off, func(e driver.Extent) error {
 		n++
 		if n == d.s.at.Load() && d.s.armed.CompareAndSwap(true, false) {
 			panic(fmt.Sprintf("e2e: injected panic at extent %d", n))
 		}
-		return fn(e)
+		return emit(e)
 	})
 }
 

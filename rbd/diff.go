@@ -199,7 +199,7 @@ func (d *Diff) lookupSnap(r *snapRef) error {
 // the volume: without the LUKS header of an encrypted volume.
 func (d *Diff) Capacity() int64 { return d.capacity }
 
-// Iterate calls fn for each extent of [offset, Capacity()), in ascending
+// Iterate calls emit for each extent of [offset, Capacity()), in ascending
 // order and without overlap. Offsets are the user's: for an encrypted
 // volume, offset 0 is the first byte after the LUKS header, and changes to
 // the header itself are not reported:
@@ -213,10 +213,10 @@ func (d *Diff) Capacity() int64 { return d.capacity }
 // mode (package precise), which asks librbd for whole-object diffs through the
 // same bridge, or walks the objects itself.
 //
-// When fn returns an error or ctx is done, Iterate stops at the next
+// When emit returns an error or ctx is done, Iterate stops at the next
 // extent and returns that error unchanged. ctx is only checked between
 // extents: a stretch without extents (up to about 80 µs per object without
-// fast-diff) is not interrupted. A panic of fn is raised again once
+// fast-diff) is not interrupted. A panic of emit is raised again once
 // librbd and precise mode's queries have returned.
 //
 // Before it returns nil, Iterate reads the snapshots' lineages again
@@ -228,7 +228,7 @@ func (d *Diff) Capacity() int64 { return d.capacity }
 // yields nothing (once the lineages are confirmed). A delta needs librbd's
 // rbd_diff_iterate3 (Ceph reef 18.2+) unless the base snapshot has a name;
 // without either it is errors.ErrUnsupported.
-func (d *Diff) Iterate(ctx context.Context, offset int64, fn func(offset, length int64) error) error {
+func (d *Diff) Iterate(ctx context.Context, offset int64, emit func(offset, length int64) error) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
@@ -245,12 +245,13 @@ func (d *Diff) Iterate(ctx context.Context, offset int64, fn func(offset, length
 	}
 
 	var (
-		kept     error          // why emit stopped the iteration
-		panicked *callbackPanic // a panic of fn, carried past librbd's frames and precise mode's goroutines
+		kept     error          // why emitRaw stopped the iteration
+		panicked *callbackPanic // a panic of emit, carried past librbd's frames and precise mode's goroutines
 	)
-	// emit takes the raw extents, in image order, from librbd or precise
-	// mode, always on this goroutine.
-	emit := func(off, length int64) error {
+	// emitRaw takes the raw extents (image offsets), in image order, from
+	// librbd or precise mode, always on this goroutine, and emits the
+	// user's.
+	emitRaw := func(off, length int64) error {
 		if kept != nil {
 			return kept
 		}
@@ -266,19 +267,19 @@ func (d *Diff) Iterate(ctx context.Context, offset int64, fn func(offset, length
 		if length <= 0 {
 			return nil
 		}
-		kept = callFn(fn, off-d.header, length, &panicked)
+		kept = callEmit(emit, off-d.header, length, &panicked)
 		return kept
 	}
 	rawOff, rawLen := offset+d.header, d.capacity-offset
 	var err error
 	if d.refine.Refines() {
-		err = d.refine.Iterate(ctx, objectDiffer{d}, rawOff, rawLen, emit)
+		err = d.refine.Iterate(ctx, objectDiffer{d}, rawOff, rawLen, emitRaw)
 	} else {
 		err = d.diff(ctx, d.query(rawOff, rawLen), d.whole, func(off, length int64, exists bool) error {
 			if !exists && d.base == nil {
 				return nil // allocated: known to be zero
 			}
-			return emit(off, length)
+			return emitRaw(off, length)
 		})
 	}
 	if panicked != nil {
@@ -296,15 +297,15 @@ func (d *Diff) Iterate(ctx context.Context, offset int64, fn func(offset, length
 	return err
 }
 
-// callFn calls fn, turning a panic into an error and *p.
-func callFn(fn func(offset, length int64) error, off, length int64, p **callbackPanic) (err error) {
+// callEmit calls emit, turning a panic into an error and *p.
+func callEmit(emit func(offset, length int64) error, off, length int64, p **callbackPanic) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			*p = &callbackPanic{value: r, stack: debug.Stack()}
 			err = fmt.Errorf("diff callback panicked: %v", r)
 		}
 	}()
-	return fn(off, length)
+	return emit(off, length)
 }
 
 // query is the librbd diff of the raw range [off, off+length) that Iterate

@@ -21,34 +21,35 @@ const errStop = -int(syscall.ECANCELED)
 // its image.
 type objectDiffer struct{ d *Diff }
 
-func (o objectDiffer) DiffObjects(ctx context.Context, q precise.Objects, fn func(off, length int64, exists bool) error) error {
-	return o.d.diff(ctx, q, true, fn)
+func (o objectDiffer) DiffObjects(ctx context.Context, q precise.Objects, emit func(off, length int64, exists bool) error) error {
+	return o.d.diff(ctx, q, true, emit)
 }
 
 // diff runs one librbd diff-iterate of the Diff's image, as q asks, and
-// calls fn for each extent librbd reports; whole: in whole objects. It is
+// calls emit for each extent librbd reports; whole: in whole objects. It is
 // the one librbd callback of the package:
 //
-//   - fn returning an error, or ctx ending, stops librbd (a negative errno
+//   - emit returning an error, or ctx ending, stops librbd (a negative errno
 //     from the callback) and diff returns that error unchanged, in
 //     preference to librbd's; callbacks librbd still makes after the stop
 //     are ignored;
-//   - a panic of fn must not unwind through librbd, which would be left
+//   - a panic of emit must not unwind through librbd, which would be left
 //     holding its locks: it stops librbd too, and diff panics again once
 //     librbd returned (with the callback's stack).
 //
-// librbd calls back on the calling thread: fn may block, which blocks
-// librbd. fn gets an extent only once librbd can no longer fail before it
-// (settle.go): when librbd fails, fn has had a complete prefix of the
+// librbd calls back on the calling thread: emit may block, which blocks
+// librbd. emit gets an extent only once librbd can no longer fail before
+// it (settle.go): when librbd fails, emit has had a complete prefix of the
 // answer, and a resumed stream misses nothing.
-func (d *Diff) diff(ctx context.Context, q precise.Objects, whole bool, fn func(off, length int64, exists bool) error) error {
+func (d *Diff) diff(ctx context.Context, q precise.Objects, whole bool, emit func(off, length int64, exists bool) error) error {
 	var (
 		kept     error
 		panicked *callbackPanic
 		called   bool
-		s        = newSettle(d.settleUnit, d.settleWindow, fn)
+		s        = newSettle(d.settleUnit, d.settleWindow, emit)
 	)
-	cb := func(off, length uint64, exists int, _ any) (ret int) {
+	// librbdEmit is what librbd calls with each extent, on this thread.
+	librbdEmit := func(off, length uint64, exists int, _ any) (ret int) {
 		defer func() {
 			if r := recover(); r != nil {
 				panicked = &callbackPanic{value: r, stack: debug.Stack()}
@@ -68,7 +69,7 @@ func (d *Diff) diff(ctx context.Context, q precise.Objects, whole bool, fn func(
 		}
 		return 0
 	}
-	err := d.diffIterate(q, whole, cb, func() bool { return called })
+	err := d.diffIterate(q, whole, librbdEmit, func() bool { return called })
 	if err == nil && kept == nil && panicked == nil {
 		// Only now is every held extent known to be complete.
 		func() {
@@ -89,7 +90,7 @@ func (d *Diff) diff(ctx context.Context, q precise.Objects, whole bool, fn func(
 	return err
 }
 
-// diffIterate runs librbd's diff-iterate of q with the callback cb:
+// diffIterate runs librbd's diff-iterate of q, which calls emit back:
 //
 //   - at another snapshot than the target (precise mode's objects of the
 //     base), from the beginning: the image is set to that snapshot, the
@@ -100,7 +101,7 @@ func (d *Diff) diff(ctx context.Context, q precise.Objects, whole bool, fn func(
 //
 // Implements (through go-ceph): rbd_diff_iterate3, rbd_diff_iterate2,
 // rbd_snap_set_by_id, rbd_get_size.
-func (d *Diff) diffIterate(q precise.Objects, whole bool, cb librbd.DiffIterateCallback, called func() bool) error {
+func (d *Diff) diffIterate(q precise.Objects, whole bool, emit librbd.DiffIterateCallback, called func() bool) error {
 	wholeObject, parent := librbd.DisableWholeObject, librbd.ExcludeParent
 	if whole {
 		wholeObject = librbd.EnableWholeObject
@@ -126,7 +127,7 @@ func (d *Diff) diffIterate(q precise.Objects, whole bool, cb librbd.DiffIterateC
 				Length:        min(length, size-off),
 				IncludeParent: parent,
 				WholeObject:   wholeObject,
-				Callback:      cb,
+				Callback:      emit,
 			})
 		}
 		if serr := d.image.SetSnapByID(d.target.snapID); err == nil && serr != nil {
@@ -140,7 +141,7 @@ func (d *Diff) diffIterate(q precise.Objects, whole bool, cb librbd.DiffIterateC
 			Length:        length,
 			IncludeParent: parent,
 			WholeObject:   wholeObject,
-			Callback:      cb,
+			Callback:      emit,
 		})
 		return cepherr.Wrap("diff "+d.target.String(), err)
 	}
@@ -151,7 +152,7 @@ func (d *Diff) diffIterate(q precise.Objects, whole bool, cb librbd.DiffIterateC
 		Length:        length,
 		IncludeParent: parent,
 		WholeObject:   wholeObject,
-		Callback:      cb,
+		Callback:      emit,
 	})
 	if !errors.Is(err, librbd.ErrNotImplemented) || called() { // only from rbd_diff_iterate3
 		return cepherr.Wrap(what, err)
@@ -168,7 +169,7 @@ func (d *Diff) diffIterate(q precise.Objects, whole bool, cb librbd.DiffIterateC
 		Length:        length,
 		IncludeParent: parent,
 		WholeObject:   wholeObject,
-		Callback:      cb,
+		Callback:      emit,
 	})
 	return cepherr.Wrap(what, err)
 }

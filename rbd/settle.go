@@ -46,7 +46,7 @@ import (
 type settle struct {
 	unit   int64 // bytes of a unit: an object set
 	window int64 // units held back; 0: none
-	fn     func(off, length int64, exists bool) error
+	emit   func(off, length int64, exists bool) error
 	held   []heldExtent
 }
 
@@ -55,18 +55,18 @@ type heldExtent struct {
 	exists      bool
 }
 
-func newSettle(unit, window int64, fn func(off, length int64, exists bool) error) *settle {
+func newSettle(unit, window int64, emit func(off, length int64, exists bool) error) *settle {
 	if unit <= 0 {
 		window = 0
 	}
-	return &settle{unit: unit, window: window, fn: fn}
+	return &settle{unit: unit, window: window, emit: emit}
 }
 
 // add takes the next extent from librbd: it passes on the held extents of
 // the units settled by this one, and holds this one.
 func (s *settle) add(off, length int64, exists bool) error {
 	if s.window <= 0 {
-		return s.fn(off, length, exists)
+		return s.emit(off, length, exists)
 	}
 	if err := s.release(off/s.unit - s.window); err != nil {
 		return err
@@ -84,7 +84,7 @@ func (s *settle) release(u int64) error {
 	for n < len(s.held) && s.held[n].off/s.unit < u {
 		h := s.held[n]
 		n++
-		if err := s.fn(h.off, h.length, h.exists); err != nil {
+		if err := s.emit(h.off, h.length, h.exists); err != nil {
 			s.held = s.held[:0]
 			return err
 		}

@@ -159,7 +159,7 @@ func TestSettleHolds(t *testing.T) {
 	}
 }
 
-// TestSettleError: fn's error stops the release and comes back from add
+// TestSettleError: emit's error stops the release and comes back from add
 // or flush.
 func TestSettleError(t *testing.T) {
 	boom := errors.New("boom")

@@ -27,9 +27,9 @@ func (s source) Open(ctx context.Context, req driver.OpenRequest) (driver.Diff, 
 
 type diff struct{ *rbd.Diff }
 
-func (d diff) Iterate(ctx context.Context, offset int64, fn func(driver.Extent) error) error {
+func (d diff) Iterate(ctx context.Context, offset int64, emit func(driver.Extent) error) error {
 	return d.Diff.Iterate(ctx, offset, func(off, length int64) error {
-		return fn(driver.Extent{Offset: off, Length: length})
+		return emit(driver.Extent{Offset: off, Length: length})
 	})
 }
 

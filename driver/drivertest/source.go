@@ -170,7 +170,7 @@ func (d *diff) Capacity() int64 { return d.capacity }
 // Iterate delivers the extents that end after offset, clipped to it, as
 // librbd does; with ObjectSize, started inside an object, the rest of that
 // object first when it holds an extent there.
-func (d *diff) Iterate(ctx context.Context, offset int64, fn func(driver.Extent) error) error {
+func (d *diff) Iterate(ctx context.Context, offset int64, emit func(driver.Extent) error) error {
 	rest := int64(-1) // the end of the object reported whole
 	for i, e := range d.extents {
 		if e.Offset+e.Length <= offset || e.Offset+e.Length <= rest {
@@ -197,7 +197,7 @@ func (d *diff) Iterate(ctx context.Context, offset int64, fn func(driver.Extent)
 				return err
 			}
 		}
-		if err := fn(e); err != nil {
+		if err := emit(e); err != nil {
 			return err
 		}
 	}

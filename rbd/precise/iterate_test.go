@@ -24,7 +24,7 @@ type object struct {
 	exists   bool
 }
 
-func (f *fakeDiffer) DiffObjects(ctx context.Context, q Objects, fn func(off, length int64, exists bool) error) error {
+func (f *fakeDiffer) DiffObjects(ctx context.Context, q Objects, emit func(off, length int64, exists bool) error) error {
 	f.asked = append(f.asked, q)
 	for _, o := range f.answers[[2]uint64{q.At, q.From}] {
 		// librbd reports within the range asked for.
@@ -35,7 +35,7 @@ func (f *fakeDiffer) DiffObjects(ctx context.Context, q Objects, fn func(off, le
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if err := fn(off, end-off, o.exists); err != nil {
+		if err := emit(off, end-off, o.exists); err != nil {
 			return err
 		}
 	}

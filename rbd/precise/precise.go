@@ -347,10 +347,10 @@ type Objects struct {
 // which with fast-diff reads only the object maps. rbd implements it on
 // its Diff's image; tests implement it with a table.
 //
-// DiffObjects runs the diff q and calls fn for what it names. Its
+// DiffObjects runs the diff q and calls emit for what it names. Its
 // contract:
 //
-//  1. Order: fn gets each object (or run of adjacent whole objects) at
+//  1. Order: emit gets each object (or run of adjacent whole objects) at
 //     most once, in ascending order, without overlap, within
 //     [q.Off, q.Off+q.Len); exists is false for an object that does not
 //     exist at q.At (a discard or removal, in a diff from a snapshot; in
@@ -358,18 +358,18 @@ type Objects struct {
 //  2. Snapshots: q.At is the image's target snapshot, or, with From 0,
 //     another snapshot of the same image, whose size then clips the
 //     range. From is 0 or a snapshot older than At.
-//  3. Threads: fn runs on the goroutine that called DiffObjects, and may
-//     block (which blocks librbd); DiffObjects returns only after fn
+//  3. Threads: emit runs on the goroutine that called DiffObjects, and may
+//     block (which blocks librbd); DiffObjects returns only after emit
 //     returned for the last time.
-//  4. Stopping: when fn returns an error, or ctx ends, DiffObjects stops
+//  4. Stopping: when emit returns an error, or ctx ends, DiffObjects stops
 //     at once and returns that error unchanged, whatever librbd answers
-//     afterwards; fn is not called again.
-//  5. Panics: a panic of fn never unwinds through librbd: DiffObjects
+//     afterwards; emit is not called again.
+//  5. Panics: a panic of emit never unwinds through librbd: DiffObjects
 //     raises it again once librbd has returned.
 //  6. Errors: any other error is librbd's, classified as the package
 //     rbd documents (internal/cepherr), and names the diff.
 type Differ interface {
-	DiffObjects(ctx context.Context, q Objects, fn func(off, length int64, exists bool) error) error
+	DiffObjects(ctx context.Context, q Objects, emit func(off, length int64, exists bool) error) error
 }
 
 // Iterate refines the raw range [off, off+length) (image offsets, LUKS
