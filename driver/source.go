@@ -116,11 +116,12 @@ type Extent struct {
 	Length int64
 }
 
-// Refiner is implemented by a Diff that refines librbd's extents to the
-// bytes that changed (precise mode). The stream's log line and metrics
-// report what it did, fallbacks above all: each one reports more than
-// changed, never less, but many of them mean precise mode is not working.
-type Refiner interface {
+// RefinementReporter is implemented by a Diff that may refine librbd's
+// extents to the bytes that changed (precise mode) and says what precise
+// mode did. The stream's log line and metrics (RefinementObserver) report
+// it, fallbacks above all: each one reports more than changed, never
+// less, but many of them mean precise mode is not working.
+type RefinementReporter interface {
 	Refinement() Refinement
 }
 

@@ -351,7 +351,7 @@ func refinementLog(r Refinement) []any {
 
 // refinementOf returns what precise mode did in diff, if it says.
 func refinementOf(diff Diff) Refinement {
-	if rf, ok := diff.(Refiner); ok {
+	if rf, ok := diff.(RefinementReporter); ok {
 		return rf.Refinement()
 	}
 	return Refinement{}

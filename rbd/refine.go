@@ -44,7 +44,7 @@ func (d *Diff) openPrecise() error {
 }
 
 // Refinement describes precise mode's work on this Diff so far
-// (driver.Refiner): On is false when precise mode is off.
+// (driver.RefinementReporter): On is false when precise mode is off.
 func (d *Diff) Refinement() report.Refinement {
 	d.mu.Lock()
 	defer d.mu.Unlock()

@@ -38,9 +38,9 @@ func (d diff) Iterate(ctx context.Context, offset int64, emit func(driver.Extent
 // *rbd.Diff (Refinement's type is the driver's, internal/report's). Losing
 // one would not fail to compile anywhere else.
 var (
-	_ driver.Diff        = diff{}
-	_ driver.Refiner     = diff{}
-	_ driver.Lineager    = diff{}
-	_ driver.SeamChecker = diff{}
-	_ driver.Resumer     = diff{}
+	_ driver.Diff               = diff{}
+	_ driver.RefinementReporter = diff{}
+	_ driver.Lineager           = diff{}
+	_ driver.SeamChecker        = diff{}
+	_ driver.Resumer            = diff{}
 )
