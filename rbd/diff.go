@@ -209,9 +209,9 @@ func (d *Diff) Capacity() int64 { return d.capacity }
 //   - delta: every extent that changed since the base, including whole
 //     objects discarded since (they read as zeros now).
 //
-// The extents come from one librbd diff-iterate (diff), or from precise
-// mode (package precise), which asks librbd for whole-object diffs through the
-// same bridge, or walks the objects itself.
+// The extents come from one scan (one librbd diff-iterate, scan.go), or
+// from precise mode (package precise), which asks for scans in whole
+// objects through the same bridge, or walks the objects itself.
 //
 // When emit returns an error or ctx is done, Iterate stops at the next
 // extent and returns that error unchanged. ctx is only checked between
@@ -273,9 +273,9 @@ func (d *Diff) Iterate(ctx context.Context, offset int64, emit func(offset, leng
 	rawOff, rawLen := offset+d.header, d.capacity-offset
 	var err error
 	if d.refine.Refines() {
-		err = d.refine.Iterate(ctx, objectDiffer{d}, rawOff, rawLen, emitRaw)
+		err = d.refine.Iterate(ctx, objectScanner{d}, rawOff, rawLen, emitRaw)
 	} else {
-		err = d.diff(ctx, d.query(rawOff, rawLen), d.whole, func(off, length int64, exists bool) error {
+		err = d.scan(ctx, d.query(rawOff, rawLen), d.whole, func(off, length int64, exists bool) error {
 			if !exists && d.base == nil {
 				return nil // allocated: known to be zero
 			}
@@ -308,8 +308,8 @@ func callEmit(emit func(offset, length int64) error, off, length int64, p **call
 	return emit(off, length)
 }
 
-// query is the librbd diff of the raw range [off, off+length) that Iterate
-// runs without precise mode: from the beginning or the base, at the
+// query is the scan of the raw range [off, off+length) that Iterate runs
+// without precise mode: from the beginning or the base, at the
 // target, with the parent.
 func (d *Diff) query(off, length int64) precise.Objects {
 	q := precise.Objects{At: d.target.snapID, Parent: true, Off: off, Len: length}

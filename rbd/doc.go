@@ -92,18 +92,18 @@
 // # Iteration
 //
 // Diff.Iterate reads the extents from an offset to the end of the
-// snapshot. Without precise mode it runs one librbd diff-iterate per call
-// (a delta by snapshot ID that librbd refuses before calling back, for
-// want of rbd_diff_iterate3, runs again by the base's name). Precise mode
-// (package precise) asks for whole-object diffs through its Differ
-// interface instead: one, or two for a delta by existence (the objects
-// of the base, then of the target); without a usable object map (and
-// unless Options.Walk is WalkLibrbd) it lists or probes the image's
-// objects through librados and asks for none. Every librbd callback goes
-// through Diff.diff (differ.go): librbd calls back on the calling thread
-// and blocking there is safe, so the caller's function may apply
-// backpressure; to stop early the callback returns a negative errno to
-// librbd and keeps the reason, which Iterate returns in preference to
-// librbd's error; callbacks that still arrive are ignored; a panic is
-// raised again once librbd returned.
+// snapshot. Without precise mode it runs one scan (one librbd
+// diff-iterate) per call (a delta by snapshot ID that librbd refuses
+// before calling back, for want of rbd_diff_iterate3, runs again by the
+// base's name). Precise mode (package precise) asks for scans in whole
+// objects through its ObjectScanner interface instead: one, or two for a
+// delta by existence (the objects of the base, then of the target);
+// without a usable object map (and unless Options.Walk is WalkLibrbd) it
+// lists or probes the image's objects through librados and asks for none.
+// Every librbd callback goes through Diff.scan (scan.go): librbd calls
+// back on the calling thread and blocking there is safe, so the caller's
+// emit may apply backpressure; to stop early the callback returns a
+// negative errno to librbd and keeps the reason, which Iterate returns in
+// preference to librbd's error; callbacks that still arrive are ignored; a
+// panic is raised again once librbd returned.
 package rbd

@@ -28,7 +28,7 @@ import (
 // last one delivered was missing, and a stream resumed after the last
 // extent ended OK without them (issue 27).
 //
-// So the one librbd callback (Diff.diff) passes an extent on only once an
+// So the one librbd callback (Diff.scan) passes an extent on only once an
 // extent of a unit at least settleWindow units further has come: by then
 // every unit before the extent's has completed, since a unit's extents can
 // only come after every earlier request's outcome, and a failure at most

@@ -10,21 +10,21 @@ import (
 	"testing"
 )
 
-// fakeDiffer answers DiffObjects from a table: per query (by At and From),
+// fakeScanner answers ScanObjects from a table: per query (by At and From),
 // the objects it names, and records every query.
-type fakeDiffer struct {
+type fakeScanner struct {
 	answers map[[2]uint64][]object
 	err     error // returned after the answers, when set
 	asked   []Objects
 }
 
-// object is one answer of a fakeDiffer: a range of whole objects.
+// object is one answer of a fakeScanner: a range of whole objects.
 type object struct {
 	off, len int64
 	exists   bool
 }
 
-func (f *fakeDiffer) DiffObjects(ctx context.Context, q Objects, emit func(off, length int64, exists bool) error) error {
+func (f *fakeScanner) ScanObjects(ctx context.Context, q Objects, emit func(off, length int64, exists bool) error) error {
 	f.asked = append(f.asked, q)
 	for _, o := range f.answers[[2]uint64{q.At, q.From}] {
 		// librbd reports within the range asked for.
@@ -74,7 +74,7 @@ func watched(delta bool) (*Refiner, func() []string) {
 
 // collect runs r.Iterate over [off, off+length) and returns what reached
 // emit.
-func collect(t *testing.T, r *Refiner, d Differ, off, length int64) []span {
+func collect(t *testing.T, r *Refiner, d ObjectScanner, off, length int64) []span {
 	t.Helper()
 	var got []span
 	if err := r.Iterate(context.Background(), d, off, length, func(off, length int64) error {
@@ -98,7 +98,7 @@ func check(t *testing.T, what string, got, want any) {
 // included; objects librbd says do not exist are not refined.
 func TestIterateAllocatedAsks(t *testing.T) {
 	r, cands := watched(false)
-	d := &fakeDiffer{answers: map[[2]uint64][]object{
+	d := &fakeScanner{answers: map[[2]uint64][]object{
 		{20, 0}: {{100, 200, true}, {300, 100, false}, {500, 100, true}},
 	}}
 	got := collect(t, r, d, 150, 400)
@@ -114,7 +114,7 @@ func TestIterateAllocatedAsks(t *testing.T) {
 func TestIterateDeltaByObjectMapAsks(t *testing.T) {
 	r, cands := watched(true)
 	r.shrunk = span{700, 150}
-	d := &fakeDiffer{answers: map[[2]uint64][]object{
+	d := &fakeScanner{answers: map[[2]uint64][]object{
 		{20, 10}: {{100, 100, true}, {300, 100, false}},
 	}}
 	got := collect(t, r, d, 0, 1000)
@@ -131,7 +131,7 @@ func TestIterateDeltaByObjectMapAsks(t *testing.T) {
 func TestIterateDeltaByExistenceAsks(t *testing.T) {
 	r, cands := watched(true)
 	r.existence = true
-	d := &fakeDiffer{answers: map[[2]uint64][]object{
+	d := &fakeScanner{answers: map[[2]uint64][]object{
 		{10, 0}: {{0, 100, true}, {200, 200, true}},
 		{20, 0}: {{100, 100, true}, {300, 100, true}, {500, 100, false}, {600, 100, true}},
 	}}
@@ -151,7 +151,7 @@ func TestIterateWalkAsksNothing(t *testing.T) {
 	for _, delta := range []bool{false, true} {
 		r, cands := watched(delta)
 		r.unmapped, r.walkMode = true, WalkProbe
-		d := &fakeDiffer{}
+		d := &fakeScanner{}
 		got := collect(t, r, d, 50, 300)
 		check(t, fmt.Sprintf("delta %v: asked", delta), len(d.asked), 0)
 		want := []string{"50+50 fresh=false objs=[0]", "100+100 fresh=false objs=[1]", "200+100 fresh=false objs=[2]", "300+50 fresh=false objs=[3]"}
@@ -168,20 +168,20 @@ func TestIterateWalkAsksNothing(t *testing.T) {
 	}
 }
 
-// TestIterateErrors: an error of the Differ, and one of emit, come back
+// TestIterateErrors: an error of the ObjectScanner, and one of emit, come back
 // from Iterate unchanged, and no refinement outlives it (TestMain).
 func TestIterateErrors(t *testing.T) {
 	r, _ := watched(false)
 	boom := errors.New("librbd said no")
-	d := &fakeDiffer{answers: map[[2]uint64][]object{{20, 0}: {{0, 300, true}}}, err: boom}
+	d := &fakeScanner{answers: map[[2]uint64][]object{{20, 0}: {{0, 300, true}}}, err: boom}
 	err := r.Iterate(context.Background(), d, 0, 1000, func(int64, int64) error { return nil })
 	if err != boom {
-		t.Errorf("Differ failing: %v, want %v", err, boom)
+		t.Errorf("ObjectScanner failing: %v, want %v", err, boom)
 	}
 
 	full := errors.New("the caller is full")
 	n := 0
-	err = r.Iterate(context.Background(), &fakeDiffer{answers: map[[2]uint64][]object{{20, 0}: {{0, 1000, true}}}}, 0, 1000,
+	err = r.Iterate(context.Background(), &fakeScanner{answers: map[[2]uint64][]object{{20, 0}: {{0, 1000, true}}}}, 0, 1000,
 		func(int64, int64) error {
 			if n++; n == 2 {
 				return full
@@ -194,7 +194,7 @@ func TestIterateErrors(t *testing.T) {
 
 	r, _ = watched(true)
 	r.existence = true
-	d = &fakeDiffer{err: boom}
+	d = &fakeScanner{err: boom}
 	if err := r.Iterate(context.Background(), d, 0, 1000, func(int64, int64) error { return nil }); err != boom || len(d.asked) != 1 {
 		t.Errorf("listing the base failing: %v after %d queries, want %v after 1", err, len(d.asked), boom)
 	}
@@ -218,7 +218,7 @@ func TestIteratePanicEndsJobs(t *testing.T) {
 			}
 			return []span{{c.off, 10}}, nil
 		}
-		d := &fakeDiffer{answers: map[[2]uint64][]object{{20, 0}: {{0, 1000, true}}}}
+		d := &fakeScanner{answers: map[[2]uint64][]object{{20, 0}: {{0, 1000, true}}}}
 		func() {
 			defer func() {
 				if v := recover(); v != nil && v != "emit bug" {

@@ -37,7 +37,7 @@ type candidate struct {
 //   - Memory and backpressure: when the window is full, feed waits for its
 //     head, then delivers it; emit blocking blocks feed, and so librbd.
 //   - Stopping: emit returning an error, or ctx ending, makes feed return
-//     that error, which stops librbd (Differ); finish then
+//     that error, which stops librbd (ObjectScanner); finish then
 //     cancels the jobs' context and waits for every job, so that no
 //     goroutine outlives Iterate.
 //   - Fallback: a job that fails (an error, a panic) delivers its
@@ -97,7 +97,7 @@ func newPipeline(ctx context.Context, objSize int64, window int, skipGone bool,
 		refine: refine, emit: emit, fellBack: fellBack}
 }
 
-// feed is the callback of the whole-object diff (Differ.DiffObjects). A
+// feed is the emit of the object scan (ObjectScanner.ScanObjects). A
 // panic in it stops the pipeline, with an error that ends the stream
 // non-OK, rather than unwinding with candidates in flight.
 func (p *pipeline) feed(off, length int64, exists bool) (err error) {
@@ -108,7 +108,7 @@ func (p *pipeline) feed(off, length int64, exists bool) (err error) {
 		}
 	}()
 	if p.stopped {
-		return p.stopErr() // a Differ may call back after a stop
+		return p.stopErr() // an ObjectScanner may call back after a stop
 	}
 	if err := p.ctx.Err(); err != nil {
 		p.stop(err)

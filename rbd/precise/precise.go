@@ -6,8 +6,8 @@
 // gets a Refiner, which opens read-only handles of its own; Open never
 // fails: a Refiner that cannot refine says why (Refines, Refinement), and
 // rbd runs librbd's exact diff instead. Refiner.Iterate asks librbd for
-// what it needs only through the Differ it is given (whole-object diffs),
-// and delivers the refined extents to one emit function. Refinement
+// what it needs only through the ObjectScanner it is given (librbd's
+// whole-object diffs), and delivers the refined extents to one emit function. Refinement
 // counts its work, in the type that the driver reports and metrics counts
 // (internal/report); Close releases its handles. It imports nothing of
 // rbd.
@@ -333,7 +333,8 @@ func (r *Refiner) Close() {
 	r.ioctxs = nil
 }
 
-// Objects is one whole-object diff that precise mode asks of its Differ:
+// Objects is one object scan (a whole-object diff) that precise mode asks
+// of its ObjectScanner:
 // the objects of the raw range [Off, Off+Len) at snapshot At, those that
 // changed since snapshot From (0: from the beginning, so the objects that
 // hold data), with the parent's objects when Parent is set.
@@ -343,11 +344,12 @@ type Objects struct {
 	Off, Len int64
 }
 
-// Differ is what precise mode needs from librbd: its whole-object diff,
-// which with fast-diff reads only the object maps. rbd implements it on
-// its Diff's image; tests implement it with a table.
+// ObjectScanner is what precise mode needs from librbd: scans in whole
+// objects (librbd's whole-object diff-iterate), which with fast-diff read
+// only the object maps. rbd implements it on its Diff's image; tests
+// implement it with a table.
 //
-// DiffObjects runs the diff q and calls emit for what it names. Its
+// ScanObjects runs the scan q and calls emit for what it names. Its
 // contract:
 //
 //  1. Order: emit gets each object (or run of adjacent whole objects) at
@@ -358,33 +360,33 @@ type Objects struct {
 //  2. Snapshots: q.At is the image's target snapshot, or, with From 0,
 //     another snapshot of the same image, whose size then clips the
 //     range. From is 0 or a snapshot older than At.
-//  3. Threads: emit runs on the goroutine that called DiffObjects, and may
-//     block (which blocks librbd); DiffObjects returns only after emit
+//  3. Threads: emit runs on the goroutine that called ScanObjects, and may
+//     block (which blocks librbd); ScanObjects returns only after emit
 //     returned for the last time.
-//  4. Stopping: when emit returns an error, or ctx ends, DiffObjects stops
+//  4. Stopping: when emit returns an error, or ctx ends, ScanObjects stops
 //     at once and returns that error unchanged, whatever librbd answers
 //     afterwards; emit is not called again.
-//  5. Panics: a panic of emit never unwinds through librbd: DiffObjects
+//  5. Panics: a panic of emit never unwinds through librbd: ScanObjects
 //     raises it again once librbd has returned.
 //  6. Errors: any other error is librbd's, classified as the package
-//     rbd documents (internal/cepherr), and names the diff.
-type Differ interface {
-	DiffObjects(ctx context.Context, q Objects, emit func(off, length int64, exists bool) error) error
+//     rbd documents (internal/cepherr), and names the scan.
+type ObjectScanner interface {
+	ScanObjects(ctx context.Context, q Objects, emit func(off, length int64, exists bool) error) error
 }
 
 // Iterate refines the raw range [off, off+length) (image offsets, LUKS
 // header included) and delivers the refined extents to emit, in image
 // order, without overlap, on the calling goroutine. Call it only when
-// Refines reports true, one call at a time. It asks differ for the
+// Refines reports true, one call at a time. It asks scanner for the
 // candidates: the objects that hold data at the target (allocated); for a
 // delta by existence the objects the image itself holds at the base, then
 // at the target; for a delta by object map (Options.TrustObjectMap) the
 // objects that changed since the base. Walking (no usable object map), it
-// asks differ nothing. An error of emit, of differ or of ctx is returned
+// asks scanner nothing. An error of emit, of scanner or of ctx is returned
 // unchanged; a query the cluster does not answer (cepherr.Unanswered)
 // ends it with that error; other failed queries fall back to the
 // candidate's whole extent. No goroutine outlives it.
-func (r *Refiner) Iterate(ctx context.Context, differ Differ, off, length int64, emit func(off, length int64) error) error {
+func (r *Refiner) Iterate(ctx context.Context, scanner ObjectScanner, off, length int64, emit func(off, length int64) error) error {
 	if r.unmapped {
 		// No usable object map: precise mode lists the objects itself.
 		pipe := r.pipeline(ctx, off, length, nil, emit)
@@ -401,7 +403,7 @@ func (r *Refiner) Iterate(ctx context.Context, differ Differ, off, length int64,
 		q.From = r.s1
 		if r.existence {
 			var err error
-			if existing, err = r.existing(ctx, differ, off, length); err != nil {
+			if existing, err = r.existing(ctx, scanner, off, length); err != nil {
 				return err
 			}
 			// The objects the image itself holds at the target.
@@ -410,7 +412,7 @@ func (r *Refiner) Iterate(ctx context.Context, differ Differ, off, length int64,
 	}
 	pipe := r.pipeline(ctx, off, length, existing, emit)
 	defer pipe.release()
-	return pipe.finish(differ.DiffObjects(ctx, q, pipe.feed))
+	return pipe.finish(scanner.ScanObjects(ctx, q, pipe.feed))
 }
 
 // existing returns the raw ranges, in whole objects and ascending, of the
@@ -419,9 +421,9 @@ func (r *Refiner) Iterate(ctx context.Context, differ Differ, off, length int64,
 // diff from the beginning, which with fast-diff reads the existence bits
 // of the object maps; unlike the maps' dirty bits, existence stays right
 // after a rollback or a copy-up.
-func (r *Refiner) existing(ctx context.Context, differ Differ, off, length int64) ([]span, error) {
+func (r *Refiner) existing(ctx context.Context, scanner ObjectScanner, off, length int64) ([]span, error) {
 	var out []span
-	err := differ.DiffObjects(ctx, Objects{At: r.s1, Off: off, Len: length}, func(o, l int64, exists bool) error {
+	err := scanner.ScanObjects(ctx, Objects{At: r.s1, Off: off, Len: length}, func(o, l int64, exists bool) error {
 		if exists {
 			if n := len(out); n > 0 && out[n-1].end() == o {
 				out[n-1].len += l

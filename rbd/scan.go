@@ -17,31 +17,31 @@ import (
 // iteration: a negative errno, since librbd ignores positive values.
 const errStop = -int(syscall.ECANCELED)
 
-// objectDiffer is the Diff as precise mode's Differ: whole-object diffs of
-// its image.
-type objectDiffer struct{ d *Diff }
+// objectScanner is the Diff as precise mode's ObjectScanner: scans of its
+// image in whole objects.
+type objectScanner struct{ d *Diff }
 
-func (o objectDiffer) DiffObjects(ctx context.Context, q precise.Objects, emit func(off, length int64, exists bool) error) error {
-	return o.d.diff(ctx, q, true, emit)
+func (o objectScanner) ScanObjects(ctx context.Context, q precise.Objects, emit func(off, length int64, exists bool) error) error {
+	return o.d.scan(ctx, q, true, emit)
 }
 
-// diff runs one librbd diff-iterate of the Diff's image, as q asks, and
-// calls emit for each extent librbd reports; whole: in whole objects. It is
-// the one librbd callback of the package:
+// scan runs one librbd diff-iterate of the Diff's image (a scan), as q
+// asks, and calls emit for each extent librbd reports; whole: in whole
+// objects. It is the one librbd callback of the package:
 //
 //   - emit returning an error, or ctx ending, stops librbd (a negative errno
-//     from the callback) and diff returns that error unchanged, in
+//     from the callback) and scan returns that error unchanged, in
 //     preference to librbd's; callbacks librbd still makes after the stop
 //     are ignored;
 //   - a panic of emit must not unwind through librbd, which would be left
-//     holding its locks: it stops librbd too, and diff panics again once
+//     holding its locks: it stops librbd too, and scan panics again once
 //     librbd returned (with the callback's stack).
 //
 // librbd calls back on the calling thread: emit may block, which blocks
 // librbd. emit gets an extent only once librbd can no longer fail before
 // it (settle.go): when librbd fails, emit has had a complete prefix of the
 // answer, and a resumed stream misses nothing.
-func (d *Diff) diff(ctx context.Context, q precise.Objects, whole bool, emit func(off, length int64, exists bool) error) error {
+func (d *Diff) scan(ctx context.Context, q precise.Objects, whole bool, emit func(off, length int64, exists bool) error) error {
 	var (
 		kept     error
 		panicked *callbackPanic
