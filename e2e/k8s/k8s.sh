@@ -1,13 +1,30 @@
 #!/bin/bash
-# The Kubernetes side of the e2e test e2e/k8s_test.go: a real etcd and
-# kube-apiserver, and the real external-snapshot-metadata sidecar and its
-# snapshot-metadata-lister, built from Go modules pinned in etcd/,
-# kube-apiserver/ and sidecar/ (go.mod + go.sum each). No Docker, no cluster:
-# the test runs them on 127.0.0.1 in front of our server.
+# The Kubernetes side of the e2e tests: a real etcd and every binary of
+# k8s.io/kubernetes the tests run (kube-apiserver and kubectl, which
+# e2e/k8s_test.go runs on 127.0.0.1 in front of our server with no cluster,
+# and kubelet, kube-proxy, kube-scheduler, kube-controller-manager for the
+# one-node cluster of e2e/k8s/node.sh), CoreDNS, the real
+# external-snapshot-metadata sidecar, its snapshot-metadata-lister and our
+# backup-client (sidecar/backupclient), built from Go modules pinned in
+# etcd/, kubernetes/, coredns/ and sidecar/ (go.mod + go.sum each); and the
+# node's container images of those, as OCI archives.
 #
 #   e2e/k8s/k8s.sh build     build the binaries, or find them in the cache, and
 #                            print their folder (also holds crds/*.yaml)
 #   e2e/k8s/k8s.sh dir       print that folder if it is built; exit 1 if not
+#   e2e/k8s/k8s.sh images    build (buildah, FROM scratch; root) the node's
+#                            images from build's binaries and pause/pause.c, or
+#                            find them in the cache; print their folder
+#                            ($RSM_K8S_CACHE/images-<hash>), which holds one
+#                            OCI archive per image, named in it by its fully
+#                            qualified reference (ctr -n k8s.io images import
+#                            keeps it), and IMAGES: "ARCHIVE REFERENCE" lines
+#                              pause.tar                  registry.k8s.io/pause:3.10.1
+#                              csi-snapshot-metadata.tar  registry.k8s.io/sig-storage/csi-snapshot-metadata:v1.1.0
+#                              coredns.tar                registry.k8s.io/coredns/coredns:v1.12.1
+#                              snapshot-metadata-lister.tar  rsm-e2e.local/snapshot-metadata-lister:v1.1.0
+#                              backup-client.tar          rsm-e2e.local/backup-client:v1.1.0
+#   e2e/k8s/k8s.sh images-dir  print that folder if it is built; exit 1 if not
 #   e2e/k8s/k8s.sh up        run the e2e flow (./dev.sh e2e -run TestK8sSidecar)
 #                            and keep everything up: Ceph, our server, etcd,
 #                            kube-apiserver, sidecar; prints a sourceable env
@@ -24,10 +41,17 @@
 #                            its folder ($RSM_K8S_CACHE/helm-<hash>)
 #   e2e/k8s/k8s.sh helm-tidy regenerate helm/go.mod and go.sum
 #
-# The build takes ~5 min with cold Go caches on 2 cores (~1 GB of modules);
-# its output lives in $RSM_K8S_CACHE/<hash of the pins, go.sum files and Go
-# version>, so that a warm run only hashes a few files. Go's module and build
-# caches are the default ones.
+# The six k8s.io/kubernetes binaries are one go build of upstream's own
+# cmd/ mains in the module kubernetes/ (its go.mod's tool directives), so
+# that what they share compiles once; CoreDNS, a module of its own, builds
+# at the same time. It takes 13 min on 2 cores at load 8-12 when Go's build
+# cache already holds kube-apiserver's packages, more when it is cold (~1.5
+# GB of modules; docs/development.md); its output lives in
+# $RSM_K8S_CACHE/<hash of the pins, the files of the four modules and the
+# Go version>, so that a warm run only hashes a few files. Go's module and
+# build caches are the default ones. All binaries are static (CGO_ENABLED=0;
+# kubelet too, which upstream's release links with cgo), for the node's
+# Debian 13 chroot and the FROM scratch images.
 #
 # Environment: RSM_K8S_CACHE (default /var/cache/rbd-snapshot-metadata/k8s-bin),
 # RSM_K8S_STATE (up/down; default /var/tmp/rsm-k8s-up).
@@ -39,6 +63,7 @@ STATE=${RSM_K8S_STATE:-/var/tmp/rsm-k8s-up}
 # The pins. The go.mod files hold the same versions; these name what to build.
 ETCD=v3.6.5       # go.etcd.io/etcd/server/v3
 K8S=v1.34.2       # k8s.io/kubernetes; its staging modules replaced by v0.34.2
+COREDNS=v1.12.1   # github.com/coredns/coredns: the CoreDNS kubeadm 1.34 deploys
 ESM=v1.1.0        # external-snapshot-metadata; client replaced by client@v1.0.0
 # The lister of ESM v1.1.0 (tools/snapshot-metadata-lister, unchanged since
 # v1.0.0) is a nested module that pins ESM v0.2.0, whose
@@ -53,7 +78,10 @@ LISTER_SHA256=42da2a518846b11b498830d3ed88abbf7995d7861fa3afc191d3be96f711a55c
 # client/ is identical to client@v1.0.0, which the proxy serves).
 SNAP_CLIENT=github.com/kubernetes-csi/external-snapshotter/client/v8@v8.6.0
 ESM_CLIENT=github.com/kubernetes-csi/external-snapshot-metadata/client@v1.0.0
-BUILD_REV=1       # bump when the build commands below change
+BUILD_REV=2       # bump when the build commands below change
+# The binaries of k8s.io/kubernetes, built from its own mains (the tool
+# directives of kubernetes/go.mod).
+K8S_CMDS=(kube-apiserver kubectl kubelet kube-proxy kube-scheduler kube-controller-manager)
 
 now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1fs", b - a }'; }
@@ -63,8 +91,9 @@ die() { log "$*"; exit 1; }
 key() {
   {
     go env GOVERSION GOOS GOARCH
-    echo "$BUILD_REV $ETCD $K8S $ESM $LISTER_FROM $LISTER_SHA256 $SNAP_CLIENT $ESM_CLIENT"
-    (cd "$HERE" && sha256sum etcd/* kube-apiserver/* kubectl/* sidecar/*)
+    echo "$BUILD_REV $ETCD $K8S $COREDNS $ESM $LISTER_FROM $LISTER_SHA256 $SNAP_CLIENT $ESM_CLIENT ${K8S_CMDS[*]}"
+    # Every file of the four modules (go.mod, go.sum, the mains).
+    (cd "$HERE" && find etcd kubernetes coredns sidecar -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum)
   } | sha256sum | cut -c1-16
 }
 
@@ -75,10 +104,10 @@ moddir() { # MODULE@VERSION (run in a module that requires it, or outside any)
   sed -n 's/^\t"Dir": "\(.*\)",$/\1/p' <<<"$j"
 }
 
-# src DIR: the three modules in DIR, with the lister's main.go in sidecar/lister.
+# src DIR: the four modules in DIR, with the lister's main.go in sidecar/lister.
 src() {
   local d=$1 f
-  cp -r "$HERE"/{etcd,kube-apiserver,kubectl,sidecar} "$d"/
+  cp -r "$HERE"/{etcd,kubernetes,coredns,sidecar} "$d"/
   f=$(cd / && moddir "$LISTER_FROM")/examples/snapshot-metadata-lister/main.go
   mkdir -p "$d/sidecar/lister"
   install -m 644 "$f" "$d/sidecar/lister/main.go"
@@ -87,7 +116,7 @@ src() {
 }
 
 build() {
-  local k out t0 t
+  local k out t0 t cpid c
   k=$(key); out=$CACHE/$k
   [ -f "$out/.complete" ] && { echo "$out"; return; }
   mkdir -p "$CACHE"
@@ -99,26 +128,58 @@ build() {
   trap 'rm -rf "$tmp"' EXIT
   mkdir "$tmp/src" "$tmp/bin"
   src "$tmp/src"
-  b() { # NAME MODULE-DIR PACKAGE LDFLAGS
+  b() { # NAME MODULE-DIR LDFLAGS PACKAGE...: -o the file NAME, or the folder for several
+    local name=$1 dir=$2 ldflags=$3 o=$tmp/bin/$1 t
+    shift 3
+    [ $# -gt 1 ] && o=$tmp/bin/
     t=$(now)
-    (cd "$tmp/src/$2" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w $4" -o "$tmp/bin/$1" "$3") ||
-      die "building $1 failed (needs the Go module proxy when the module cache is cold)"
-    log "built $1 in $(since "$t")"
+    (cd "$tmp/src/$dir" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w $ldflags" -o "$o" "$@") ||
+      die "building $name failed (needs the Go module proxy when the module cache is cold)"
+    log "built $name in $(since "$t")"
   }
-  log "building etcd $ETCD, kube-apiserver and kubectl $K8S, csi-snapshot-metadata $ESM and its lister into $out (~5 min when Go's caches are cold)"
-  b etcd etcd . ""
-  b kube-apiserver kube-apiserver . "-X k8s.io/component-base/version.gitVersion=$K8S -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=34"
-  b kubectl kubectl . "-X k8s.io/client-go/pkg/version.gitVersion=$K8S -X k8s.io/component-base/version.gitVersion=$K8S"
-  b csi-snapshot-metadata sidecar github.com/kubernetes-csi/external-snapshot-metadata/cmd/csi-snapshot-metadata "-X main.version=$ESM"
-  b snapshot-metadata-lister sidecar ./lister ""
+  log "building etcd $ETCD, ${K8S_CMDS[*]} $K8S, coredns $COREDNS, csi-snapshot-metadata $ESM, its lister and backup-client into $out (10-20 min when Go's caches are cold)"
+  # CoreDNS (a module of its own, so a go build of its own) compiles
+  # while k8s.io/kubernetes does: it fills the cores that the big build's
+  # serial stretches (its last packages, its links) leave idle.
+  # (Its coremain.GitCommit, a commit hash in upstream's builds, stays empty.)
+  b coredns coredns "" . &
+  cpid=$!
+  # As upstream's hack/lib/version.sh: the same variables in both packages.
+  local v=() p minor=${K8S#v1.} pkgs=()
+  minor=${minor%%.*}
+  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    v+=("-X $p.gitVersion=$K8S -X $p.gitMajor=1 -X $p.gitMinor=$minor")
+  done
+  for c in "${K8S_CMDS[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$c"); done
+  (b "${K8S_CMDS[*]}" kubernetes "${v[*]}" "${pkgs[@]}") ||
+    { wait "$cpid" || true; exit 1; }
+  wait "$cpid" || exit 1
+  b etcd etcd "" .
+  b csi-snapshot-metadata sidecar "-X main.version=$ESM" github.com/kubernetes-csi/external-snapshot-metadata/cmd/csi-snapshot-metadata
+  b snapshot-metadata-lister sidecar "" ./lister
+  b backup-client sidecar "" ./backupclient
+  for c in kube-apiserver kubelet kube-proxy kube-scheduler kube-controller-manager; do
+    "$tmp/bin/$c" --version | grep -qx "Kubernetes $K8S" || die "$c --version says $("$tmp/bin/$c" --version), want Kubernetes $K8S"
+  done
+  "$tmp/bin/kubectl" version --client | grep -qx "Client Version: $K8S" ||
+    die "kubectl version --client says $("$tmp/bin/kubectl" version --client), want $K8S"
+  "$tmp/bin/coredns" -version | grep -qx "CoreDNS-${COREDNS#v}" || die "coredns -version says $("$tmp/bin/coredns" -version), want $COREDNS"
   mkdir "$tmp/bin/crds"
   local sd ed
   sd=$(cd "$tmp/src/sidecar" && moddir "$SNAP_CLIENT")/config/crd
   ed=$(cd "$tmp/src/sidecar" && moddir "$ESM_CLIENT")/config/crd
   install -m 644 "$sd"/snapshot.storage.k8s.io_volumesnapshot{classes,contents,s}.yaml \
     "$ed"/cbt.storage.k8s.io_snapshotmetadataservices.yaml "$tmp/bin/crds/"
-  printf 'etcd %s\nkube-apiserver %s\nkubectl %s\ncsi-snapshot-metadata %s\nsnapshot-metadata-lister %s (%s)\ncrds %s %s\n%s\n' \
-    "$ETCD" "$K8S" "$K8S" "$ESM" "$ESM" "$LISTER_FROM" "$SNAP_CLIENT" "$ESM_CLIENT" "$(go env GOVERSION)" >"$tmp/bin/VERSIONS"
+  {
+    echo "etcd $ETCD"
+    for c in "${K8S_CMDS[@]}"; do echo "$c $K8S (k8s.io/kubernetes/cmd/$c)"; done
+    echo "coredns $COREDNS (errors health ready kubernetes prometheus forward cache loop reload loadbalance log)"
+    echo "csi-snapshot-metadata $ESM"
+    echo "snapshot-metadata-lister $ESM ($LISTER_FROM)"
+    echo "backup-client (sidecar/backupclient, on $ESM's pkg/iterator)"
+    echo "crds $SNAP_CLIENT $ESM_CLIENT"
+    go env GOVERSION
+  } >"$tmp/bin/VERSIONS"
   touch "$tmp/bin/.complete"
   rm -rf "$out"
   mv "$tmp/bin" "$out"
@@ -130,7 +191,7 @@ tidy() {
   local d
   tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
   src "$tmp"
-  for d in etcd kube-apiserver kubectl sidecar; do
+  for d in etcd kubernetes coredns sidecar; do
     (cd "$tmp/$d" && go mod tidy) || die "go mod tidy in $d failed"
     cp "$tmp/$d"/go.{mod,sum} "$HERE/$d/"
   done
@@ -142,7 +203,8 @@ clean() {
   k=$(key)
   for d in "$CACHE"/*/; do
     [ -d "$d" ] && [ "$(basename "$d")" != "$k" ] && [ "$(basename "$d")" != "csi-operator-$(csiop_key)" ] &&
-      [ "$(basename "$d")" != "helm-$(helm_key)" ] && { rm -rf "$d"; log "removed $d"; }
+      [ "$(basename "$d")" != "helm-$(helm_key)" ] && [ "$(basename "$d")" != "images-$(images_key)" ] &&
+      { rm -rf "$d"; log "removed $d"; }
   done
   return 0
 }
@@ -289,9 +351,108 @@ helm_tidy() {
   cp "$htmp"/go.{mod,sum} "$HERE/helm/"
 }
 
+# ---- images: the node's container images (e2e/k8s/node.sh imports them
+# into containerd), built with Debian's buildah from scratch (no registry
+# is reachable) out of build's static binaries, and pushed as OCI archives
+# under their fully qualified names. Each image is as upstream's where there
+# is one: pause and coredns FROM scratch (pause as its own user 65535, as
+# upstream's; coredns as root, where upstream's runs as nonroot with a file
+# capability: the add-on's pod adds NET_BIND_SERVICE), the sidecar FROM
+# distroless/static, so here FROM scratch with its empty /tmp (mode 1777).
+# The lister and the backup client are ours: static, /tmp, their binary as
+# the entrypoint. pause is pause/pause.c, gcc -static -Os (libc6-dev's
+# static glibc). The commits are stamped at time 0, so that the same inputs
+# make the same image IDs.
+PAUSE=3.10.1      # the sandbox image kubelet/containerd 1.34 expect
+IMAGES_REV=1      # bump when images_build's commands change
+RSM_IMAGES="pause.tar registry.k8s.io/pause:$PAUSE
+csi-snapshot-metadata.tar registry.k8s.io/sig-storage/csi-snapshot-metadata:$ESM
+coredns.tar registry.k8s.io/coredns/coredns:$COREDNS
+snapshot-metadata-lister.tar rsm-e2e.local/snapshot-metadata-lister:$ESM
+backup-client.tar rsm-e2e.local/backup-client:$ESM"
+
+images_key() {
+  {
+    key
+    echo "$IMAGES_REV $PAUSE $RSM_IMAGES"
+    sha256sum "$HERE/pause/pause.c" | cut -d' ' -f1
+    gcc -dumpfullversion 2>/dev/null || echo "no gcc"
+    dpkg-query -W libc6-dev 2>/dev/null || echo "no libc6-dev"
+    buildah --version 2>/dev/null || echo "no buildah"
+  } | sha256sum | cut -c1-16
+}
+
+# static FILE: die unless FILE is an ELF without an interpreter (a FROM
+# scratch image has no ld.so).
+static() {
+  readelf -l "$1" >/dev/null 2>&1 || die "$1 is not an ELF binary"
+  ! readelf -l "$1" | grep -q 'program interpreter' || die "$1 is not static: a FROM scratch image cannot run it"
+}
+
+# image REF ARCHIVE ROOT CONFIG...: an image of the files in the folder ROOT,
+# with buildah config's CONFIG options, pushed to $itmp/out/ARCHIVE as REF.
+image() {
+  local ref=$1 tar=$2 root=$3 t ctr mnt
+  shift 3
+  t=$(now)
+  ctr=$(buildah from --pull=never scratch)
+  mnt=$(buildah mount "$ctr")
+  cp -a "$root/." "$mnt/"
+  buildah umount "$ctr" >/dev/null
+  buildah config --os linux --arch "$(go env GOARCH)" "$@" "$ctr"
+  buildah commit --rm -q --timestamp 0 "$ctr" "$ref" >/dev/null
+  buildah push -q "$ref" "oci-archive:$itmp/out/$tar:$ref"
+  # The archive is the product: no name left behind in /var/lib/containers
+  # for a later build to orphan.
+  buildah rmi "$ref" >/dev/null
+  log "built $ref ($tar, $(du -h "$itmp/out/$tar" | cut -f1)) in $(since "$t")"
+}
+
+images_build() {
+  local bin out t0 r f
+  bin=$(build) || exit 1
+  out=$CACHE/images-$(images_key)
+  [ -f "$out/.complete" ] && { echo "$out"; return; }
+  [ "$(id -u)" = 0 ] || die "images: buildah needs root"
+  command -v buildah >/dev/null || die "images: no buildah (apt-get install buildah)"
+  exec 6>"$CACHE/.images.lock"
+  flock -w 1800 6 || die "timed out waiting for $CACHE/.images.lock"
+  [ -f "$out/.complete" ] && { echo "$out"; return; }
+  t0=$(now)
+  itmp=$(mktemp -d "$CACHE/.tmp-images.XXXXXX")   # global: the EXIT trap needs it
+  trap 'rm -rf "$itmp"' EXIT
+  mkdir "$itmp/out"
+  gcc -static -Os -s -Wall -o "$itmp/pause.bin" "$HERE/pause/pause.c" ||
+    die "gcc -static pause.c failed (the static libc is libc6-dev's libc.a)"
+  for f in "$itmp/pause.bin" "$bin"/{csi-snapshot-metadata,coredns,snapshot-metadata-lister,backup-client}; do static "$f"; done
+  # The root of each image: its binary, and an empty /tmp where it has one.
+  for r in pause csi-snapshot-metadata coredns snapshot-metadata-lister backup-client; do
+    mkdir "$itmp/$r"
+    case $r in pause) install -m 755 "$itmp/pause.bin" "$itmp/$r/pause" ;; *) install -m 755 "$bin/$r" "$itmp/$r/" ;; esac
+    case $r in csi-snapshot-metadata | snapshot-metadata-lister | backup-client) install -d -m 1777 "$itmp/$r/tmp" ;; esac
+  done
+  log "building the node's images into $out"
+  imgref() { awk -v t="$1.tar" '$1 == t { print $2 }' <<<"$RSM_IMAGES"; }
+  image "$(imgref pause)" pause.tar "$itmp/pause" --entrypoint '["/pause"]' --user 65535:65535
+  image "$(imgref csi-snapshot-metadata)" csi-snapshot-metadata.tar "$itmp/csi-snapshot-metadata" \
+    --entrypoint '["/csi-snapshot-metadata"]' --label description="CSI External Snapshot Metadata Sidecar"
+  image "$(imgref coredns)" coredns.tar "$itmp/coredns" --entrypoint '["/coredns"]' --port 53 --port 53/udp
+  image "$(imgref snapshot-metadata-lister)" snapshot-metadata-lister.tar "$itmp/snapshot-metadata-lister" \
+    --entrypoint '["/snapshot-metadata-lister"]'
+  image "$(imgref backup-client)" backup-client.tar "$itmp/backup-client" --entrypoint '["/backup-client"]'
+  echo "$RSM_IMAGES" >"$itmp/out/IMAGES"
+  touch "$itmp/out/.complete"
+  rm -rf "$out"
+  mv "$itmp/out" "$out"
+  log "built the images into $out in $(since "$t0")"
+  echo "$out"
+}
+
 case "${1:-}" in
 build) build ;;
 dir) d=$CACHE/$(key); [ -f "$d/.complete" ] || die "not built: $d"; echo "$d" ;;
+images) images_build ;;
+images-dir) d=$CACHE/images-$(images_key); [ -f "$d/.complete" ] || die "not built: $d"; echo "$d" ;;
 up | down | tidy | clean) "$1" ;;
 csi-operator) csiop_build ;;
 csi-operator-dir) d=$CACHE/csi-operator-$(csiop_key); [ -f "$d/.complete" ] || die "not built: $d"; echo "$d" ;;
