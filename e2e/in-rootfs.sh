@@ -1,5 +1,5 @@
 #!/bin/bash
-# Run a command chrooted in the Debian root filesystem built by rootfs.sh:
+# Run a command inside the Debian root filesystem built by rootfs.sh:
 # trixie with Ceph reef, or with RSM_CEPH=tentacle forky with Ceph tentacle.
 #
 #   e2e/in-rootfs.sh [-b HOSTDIR[:DIR]]... [-w WORKDIR] [--] CMD [ARG...]
@@ -58,6 +58,9 @@ bind() {
   [ -z "$opts" ] || mount -o "remount,bind,$opts" "$dst"
 }
 
+# The rootfs on itself: a mount point, for pivot_root below (and "/" inside
+# is then one, as runc needs: it makes / a slave mount).
+mount --bind "$ROOTFS" "$ROOTFS"
 mount -t proc proc "$ROOTFS/proc"
 mount --rbind /sys "$ROOTFS/sys"
 mount --rbind /dev "$ROOTFS/dev"
@@ -108,4 +111,13 @@ for v in $(compgen -e); do
     http_proxy|https_proxy|no_proxy|HTTP_PROXY|HTTPS_PROXY|NO_PROXY) envv+=("$v=${!v}") ;;
   esac
 done
-exec chroot "$ROOTFS" /usr/bin/env -i "${envv[@]}" /bin/sh -c 'cd "$0" && exec "$@"' "$workdir" "$@"
+# Into the rootfs with pivot_root, not chroot: the mount namespace's root
+# is then the rootfs itself, so that a runtime's `runc exec` (setns into a
+# container's mount namespace, which lands at that namespace's root) finds
+# the container's files, as the kubelet's exec probes need (run-pods.sh).
+# The machine's root is unmounted here; what stays is what was bound above.
+cd "$ROOTFS"
+mkdir -p .rsm-oldroot
+pivot_root . .rsm-oldroot
+umount -l /.rsm-oldroot
+exec /usr/bin/env -i "${envv[@]}" /bin/sh -c 'cd "$0" && exec "$@"' "$workdir" "$@"

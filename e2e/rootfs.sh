@@ -32,6 +32,10 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 ROOTFS=${RSM_ROOTFS:-$ROOTFS_DEFAULT}
 CACHE=${RSM_ROOTFS_CACHE:-$ROOTFS.tar.zst}
 PKGS="ceph-mon ceph-osd ceph-common librbd-dev librados-dev libradospp-dev gcc g++ libc6-dev ca-certificates python3 cryptsetup-bin"
+# reef's rootfs also runs the one-node Kubernetes of e2e/k8s/node.sh: Debian's
+# container runtime, its CNI plugins and the iptables that kubelet and
+# kube-proxy call.
+[ "$CEPH_RELEASE" != reef ] || PKGS="$PKGS containerd runc containernetworking-plugins iptables openssl"
 # reef's stamp is unchanged, so that existing reef rootfs and tarballs stay valid.
 STAMP="rsm-rootfs v1 suite=$SUITE packages=$(tr ' ' '\n' <<<"$PKGS" | sort | tr '\n' ' ')"
 [ "$CEPH_RELEASE" = reef ] || STAMP="rsm-rootfs v1 ceph=$CEPH_RELEASE suites=$SUITES packages=$(tr ' ' '\n' <<<"$PKGS" | sort | tr '\n' ' ')"
