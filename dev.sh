@@ -5,7 +5,8 @@
 #   ./dev.sh demo     a throwaway Ceph cluster, the server, and real changed blocks
 #   ./dev.sh test     unit tests, then e2e tests against a fresh real cluster
 #                     (reef), then the matrix (tentacle and cross-version),
-#                     then the image; ends with the table of its phases' times
+#                     then the image, then its pods on a real kubelet (pods);
+#                     ends with the table of its phases' times
 #   ./dev.sh unit     gofmt, go vet, unit tests (the driver also without cgo), -race
 #   ./dev.sh e2e [go test args]   e2e tests only (RSM_CEPH=tentacle: on Ceph tentacle)
 #   ./dev.sh matrix   the tests of e2e/matrix.txt's matrix list on tentacle, and
@@ -16,6 +17,11 @@
 #                     (RSM_CEPH for another); prints each failing seed as the
 #                     line to add to e2e/oracle/seeds.go, which CI runs forever
 #   ./dev.sh bench [go test args]   the benchmark; RSM_BENCH_SCALE=full for 2^20 extents, 1 TiB and 10 TiB
+#   ./dev.sh pods [go test args]    our image's pods on a one-node Kubernetes
+#                     (kubelet, containerd, CoreDNS) in a network namespace of
+#                     its own, with a throwaway reef cluster: e2e/run-pods.sh
+#   ./dev.sh node     that node with our image, held up until Ctrl-C; prints
+#                     its kubeconfig, its logs' folder and how to enter it
 #   ./dev.sh image [go test args]   build the Dockerfile with buildah, run its server
 #                     against tentacle (aes256k key) and reef (aes key), then
 #                     e2e tests on tentacle with the image's entrypoint
@@ -165,8 +171,8 @@ matrix() {
 }
 
 # prefetch: what the later phases need and nothing before them does,
-# made in the background while those run: the Kubernetes tools (CPU),
-# then the root filesystems and the image's base images (mostly downloads,
+# made in the background while those run: the Kubernetes tools (CPU) and
+# the node's images, then the root filesystems and the image's base images (mostly downloads,
 # so they overlap the CPU work well). Each is cached and locked by its own
 # script, so the phase that needs it later finds it ready or waits for
 # it, and still fails as it always did when it cannot be made: a failure
@@ -176,7 +182,8 @@ prefetch() {
 	local log=/var/tmp/rsm-prefetch-$$.log
 	echo "dev: prefetching the Kubernetes tools, root filesystems and base images in the background (log: $log)" >&2
 	{
-		phase prefetch/k8s e2e/k8s/k8s.sh build >/dev/null &
+		{ phase prefetch/k8s e2e/k8s/k8s.sh build >/dev/null &&
+			phase prefetch/images e2e/k8s/k8s.sh images >/dev/null; } &
 		phase prefetch/rootfs-reef env RSM_CEPH=reef e2e/rootfs.sh &&
 			phase prefetch/rootfs-tentacle env RSM_CEPH=tentacle e2e/rootfs.sh &&
 			phase prefetch/image-base e2e/buildah.sh seed
@@ -186,7 +193,7 @@ prefetch() {
 	} >"$log" 2>&1 </dev/null &
 }
 
-# ./dev.sh test: what e2e and matrix do, with one build, then the image;
+# ./dev.sh test: what e2e and matrix do, with one build, then the image and its pods;
 # what later phases need is made during the unit tests (prefetch).
 test_all() {
 	deps
@@ -198,6 +205,7 @@ test_all() {
 	rootfs tentacle
 	legs
 	phase image e2e/image-build-test.sh
+	phase pods e2e/run-pods.sh
 }
 
 # soak [N]: the tests of e2e/matrix.txt's soak list, with N fresh random
@@ -253,6 +261,8 @@ matrix) own_phases; matrix ;;
 e2e) shift; e2e "$@" ;;
 soak) shift; soak "$@" ;;
 image) shift; e2e/image-build-test.sh "$@" ;;
+pods) shift; own_phases; phase build build; phase pods e2e/run-pods.sh "$@" ;;
+node) build; e2e/run-pods.sh --hold ;;
 bench) shift; own_phases; phase build build; phase bench e2e/run-bench.sh "$@" ;;
 test) own_phases; test_all ;;
 phases) shift; phases_table "$@" ;;

@@ -157,7 +157,7 @@ start() {
   fi
   # shellcheck disable=SC1091
   . "$DIR/log/start.times"
-  echo "cluster: started $DIR on 127.0.0.1:$base (v2)/$((base + 1)) (v1) in $(secs "$t0" "$(now)")s" \
+  echo "cluster: started $DIR on ${RSM_CEPH_ADDR:-127.0.0.1}:$base (v2)/$((base + 1)) (v1) in $(secs "$t0" "$(now)")s" \
        "(mon up $(secs "$T0" "$T_MON")s, osd in $(secs "$T0" "$T_OSD")s, pool ready $(secs "$T0" "$T_POOL")s)"
 }
 

@@ -145,6 +145,14 @@
 //   - k8s_helm_test.go: TestK8sHelm
 //   - k8s_operator_test.go: TestK8sCSIOperator
 //
+// Our pods on a real kubelet: a one-node Kubernetes (e2e/k8s/node.sh) and
+// a reef cluster in a network namespace of their own, our image and the
+// sidecar's installed with the Helm chart, backup clients as pods. Only
+// e2e/run-pods.sh (./dev.sh pods, CI's pods phase) runs them; elsewhere
+// they skip. TestPodsHold is ./dev.sh node:
+//
+//   - pods_test.go: TestPods, TestPodsHold
+//
 // The benchmark, skipped unless RSM_BENCH=1 (e2e/run-bench.sh, ./dev.sh
 // bench):
 //

@@ -56,7 +56,9 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 chmod 755 "$OUT"
-VERSION=image-build-test-$$
+# The version stamp a user's build gets (git describe): the same as
+# run-pods.sh's, whose build of the same tree then reuses these layers.
+VERSION=$(git describe --tags --always --dirty 2>/dev/null || echo dev)
 
 t=$(now)
 "$HERE/buildah.sh" build "$TAG" "$VERSION"

@@ -865,6 +865,12 @@ subjects: [{kind: ServiceAccount, name: %s, namespace: %s}]
 // controller and the CSI snapshotter would.
 func (k *k8sEnv) volumeSnapshot(t *testing.T, name, handle string, size int64) {
 	t.Helper()
+	k.volumeSnapshotOf(t, k8sDriver, k8sClass, name, handle, size)
+}
+
+// volumeSnapshotOf is volumeSnapshot for another driver and its class.
+func (k *k8sEnv) volumeSnapshotOf(t *testing.T, driver, class, name, handle string, size int64) {
+	t.Helper()
 	const ss = "/apis/snapshot.storage.k8s.io/v1"
 	vsc := "snapcontent-" + name
 	k.create(t, ss+"/volumesnapshotcontents", fmt.Sprintf(`apiVersion: snapshot.storage.k8s.io/v1
@@ -876,7 +882,7 @@ spec:
   volumeSnapshotClassName: %s
   source: {snapshotHandle: %q}
   volumeSnapshotRef: {name: %s, namespace: %s}
-`, vsc, k8sDriver, k8sClass, handle, name, k8sNS))
+`, vsc, driver, class, handle, name, k8sNS))
 	k.patchStatus(t, ss+"/volumesnapshotcontents/"+vsc, fmt.Sprintf(
 		`{"status":{"snapshotHandle":%q,"readyToUse":true,"restoreSize":%d,"creationTime":%d}}`, handle, size, time.Now().UnixNano()))
 	// Without a class (or a default one), the sidecar finds no secret.
@@ -886,7 +892,7 @@ metadata: {name: %s, namespace: %s}
 spec:
   volumeSnapshotClassName: %s
   source: {volumeSnapshotContentName: %s}
-`, name, k8sNS, k8sClass, vsc))
+`, name, k8sNS, class, vsc))
 	k.patchStatus(t, ss+"/namespaces/"+k8sNS+"/volumesnapshots/"+name, fmt.Sprintf(
 		`{"status":{"boundVolumeSnapshotContentName":%q,"readyToUse":true,"restoreSize":"%d"}}`, vsc, size))
 }
