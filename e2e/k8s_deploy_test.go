@@ -460,7 +460,14 @@ func TestK8sDeploy(t *testing.T) {
 				{"get", "", "secrets"},
 				{"list", "cbt.storage.k8s.io", "snapshotmetadataservices"},
 			} {
-				if !k.allowed(t, sa[0], sa[1], r[0], r[1], r[2]) {
+				// The RBAC authorizer sees new bindings through an
+				// informer: on a loaded machine, ask again for a while.
+				ok := k.allowed(t, sa[0], sa[1], r[0], r[1], r[2])
+				for t0 := time.Now(); !ok && time.Since(t0) < 30*time.Second; {
+					time.Sleep(time.Second)
+					ok = k.allowed(t, sa[0], sa[1], r[0], r[1], r[2])
+				}
+				if !ok {
 					t.Errorf("%s/%s may not %s %s.%s", sa[0], sa[1], r[0], r[2], r[1])
 				}
 			}

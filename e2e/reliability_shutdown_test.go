@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -92,9 +93,15 @@ func TestReliabilityShutdown(t *testing.T) {
 	t0 := time.Now()
 	srv.Sigterm(t)
 	close(term)
-	// New requests are refused while the old ones end.
-	time.Sleep(200 * time.Millisecond)
+	// New requests are refused while the old ones end: once the server
+	// has taken the signal (its "Stopping" line), and its gRPC server has
+	// stopped taking streams (GracefulStop, a moment later).
+	waitFor(t, "the server's Stopping line", 30*time.Second, func() bool { return strings.Contains(srv.Log(), `"Stopping"`) })
 	late := srv.Call(ctx, qs[0])
+	for t1 := time.Now(); late.Err == nil && time.Since(t1) < grace; {
+		time.Sleep(20 * time.Millisecond)
+		late = srv.Call(ctx, qs[0])
+	}
 	if late.Err == nil {
 		t.Errorf("a request after SIGTERM was served: %d tuples", len(late.Tuples()))
 	}
