@@ -782,16 +782,7 @@ kind: Secret
 metadata: {name: %s, namespace: %s}
 stringData: {userID: %q, userKey: %q}
 `, k8sSecret, k8sNS, harness.ClusterEnv(t, "CEPH_CSI_USER"), harness.ClusterEnv(t, "CEPH_CSI_KEY")))
-	k.create(t, "/apis/snapshot.storage.k8s.io/v1/volumesnapshotclasses", fmt.Sprintf(`apiVersion: snapshot.storage.k8s.io/v1
-kind: VolumeSnapshotClass
-metadata: {name: %s}
-driver: %s
-deletionPolicy: Retain
-parameters:
-  clusterID: %s
-  csi.storage.k8s.io/snapshotter-secret-name: %s
-  csi.storage.k8s.io/snapshotter-secret-namespace: %s
-`, k8sClass, k8sDriver, harness.ClusterID, k8sSecret, k8sNS))
+	k.create(t, "/apis/snapshot.storage.k8s.io/v1/volumesnapshotclasses", snapshotClass(k8sClass, k8sDriver))
 	// Cluster-scoped and named after the driver; the address must match
 	// the sidecar certificate's SAN; caCert is base64 of the PEM CA.
 	ca, err := os.ReadFile(k.crt.path("ca.crt"))
@@ -858,6 +849,21 @@ roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: %s}
 subjects: [{kind: ServiceAccount, name: %s, namespace: %s}]
 `, sa, role, sa, k8sNS))
 	}
+}
+
+// snapshotClass is a VolumeSnapshotClass of driver whose snapshotter
+// secret is the Ceph-CSI-like user's (k8sSecret in k8sNS).
+func snapshotClass(name, driver string) string {
+	return fmt.Sprintf(`apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshotClass
+metadata: {name: %s}
+driver: %s
+deletionPolicy: Retain
+parameters:
+  clusterID: %s
+  csi.storage.k8s.io/snapshotter-secret-name: %s
+  csi.storage.k8s.io/snapshotter-secret-namespace: %s
+`, name, driver, harness.ClusterID, k8sSecret, k8sNS)
 }
 
 // volumeSnapshot creates a bound, ready VolumeSnapshot and its

@@ -102,18 +102,8 @@ func (k *k8sEnv) podObjects(t *testing.T) {
 	k.kubectl(t, "-n", k8sNS, "create", "secret", "generic", k8sSecret,
 		"--from-literal=userID="+harness.ClusterEnv(t, "CEPH_CSI_USER"),
 		"--from-literal=userKey="+harness.ClusterEnv(t, "CEPH_CSI_KEY"))
-	class := fmt.Sprintf(`apiVersion: snapshot.storage.k8s.io/v1
-kind: VolumeSnapshotClass
-metadata: {name: %s}
-driver: %s
-deletionPolicy: Retain
-parameters:
-  clusterID: %s
-  csi.storage.k8s.io/snapshotter-secret-name: %s
-  csi.storage.k8s.io/snapshotter-secret-namespace: %s
-`, k8sClass, k8sDriver, harness.ClusterID, k8sSecret, k8sNS)
 	f := filepath.Join(k.dir, "class.yaml")
-	writeFile(t, f, class)
+	writeFile(t, f, snapshotClass(k8sClass, k8sDriver))
 	k.kubectl(t, "apply", "-f", f)
 	k.kubectl(t, "-n", k8sNS, "create", "serviceaccount", k8sBackupSA)
 	k.kubectl(t, "-n", k8sNS, "create", "serviceaccount", k8sNoRoleSA)
@@ -592,16 +582,7 @@ func TestPods(t *testing.T) {
 		k.checkPodsHealthy(t, ns, sel, 2)
 
 		f := filepath.Join(k.dir, "rook-class.yaml")
-		writeFile(t, f, fmt.Sprintf(`apiVersion: snapshot.storage.k8s.io/v1
-kind: VolumeSnapshotClass
-metadata: {name: %s}
-driver: %s
-deletionPolicy: Retain
-parameters:
-  clusterID: %s
-  csi.storage.k8s.io/snapshotter-secret-name: %s
-  csi.storage.k8s.io/snapshotter-secret-namespace: %s
-`, class, driver, harness.ClusterID, k8sSecret, k8sNS))
+		writeFile(t, f, snapshotClass(class, driver))
 		k.kubectl(t, "apply", "-f", f)
 		for n, v := range map[string]struct {
 			h string
