@@ -5,7 +5,9 @@
 # Sets CEPH_RELEASE, SUITE, SUITES (the stamp's words), DEBOOTSTRAP_SCRIPT
 # (empty: debootstrap's own), MIN_CEPH and MAX_CEPH (librbd1 >= MIN, < MAX),
 # ROOTFS_DEFAULT and rootfs_for RELEASE (prints a release's default rootfs).
-CEPH_CACHE_DIR=/var/cache/rbd-snapshot-metadata
+# RSM_ROOTFS_DIR: where both releases' rootfs and tarballs live (a second
+# checkout's CI run beside another's that expects other packages).
+CEPH_CACHE_DIR=${RSM_ROOTFS_DIR:-/var/cache/rbd-snapshot-metadata}
 
 rootfs_for() {
   case "$1" in

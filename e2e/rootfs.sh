@@ -20,8 +20,9 @@
 #
 # Environment:
 #   RSM_CEPH          reef or tentacle (see above); RSM_CEPH_SUITE the Debian suite
-#   RSM_ROOTFS        target folder (default /var/cache/rbd-snapshot-metadata/rootfs,
-#                     or rootfs-tentacle)
+#   RSM_ROOTFS        target folder (default $RSM_ROOTFS_DIR/rootfs or
+#                     rootfs-tentacle; RSM_ROOTFS_DIR defaults to
+#                     /var/cache/rbd-snapshot-metadata)
 #   RSM_ROOTFS_CACHE  tarball (default the folder's name plus .tar.zst; "none" = no cache)
 #   RSM_MIRROR        Debian mirror (default: the host's apt sources)
 # Needs root; installs debootstrap and zstd on the host when missing.
