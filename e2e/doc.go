@@ -23,6 +23,13 @@
 //	RSM_SERVER_BIN=$PWD/bin/rbd-snapshot-metadata RSM_BIND="/var/tmp/rsm-c $PWD/bin" \
 //	  go test -tags pacific,e2e -count=1 -exec "$PWD/e2e/exec.sh" ./e2e/
 //
+// run-e2e.sh runs go test -json, whose events go through
+// e2e/testreport, which prints go test's usual output (every line with
+// -v; else the failed tests' whole output and the package lines) and, at
+// the end, the ten slowest tests and subtests with their seconds, so that
+// every run's log says where its time went; the exit code stays go
+// test's.
+//
 // Knobs: RSM_E2E_SEED=n replays one seed of the oracle tests,
 // RSM_E2E_SEEDS=n runs n fresh random seeds instead of the fixed ones
 // (the soak's); RSM_E2E_BIG=1 adds the slow variants (TestManyWrites

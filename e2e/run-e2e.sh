@@ -6,7 +6,9 @@
 #
 # The tests are built on the host (-tags pacific,e2e) and run inside the rootfs
 # through e2e/exec.sh. GOFLAGS and extra arguments pass through to go test.
-# The exit code is go test's. Needs root (see rootfs.sh and cluster.sh).
+# go test -json's events go through e2e/testreport, which prints go test's
+# usual output and then the ten slowest tests. The exit code is go
+# test's. Needs root (see rootfs.sh and cluster.sh).
 # RSM_E2E_BIG=1 (not set here) adds the slow variants: TestManyWrites writes
 # 2^20 extents instead of 100k, which takes minutes.
 set -euo pipefail
@@ -63,7 +65,34 @@ export RSM_BIND="$PWD/deploy${RSM_BIND:+ $RSM_BIND}"
 [ ! -d "$PWD/../shared/reference/upstream" ] || export RSM_BIND="$(cd "$PWD/../shared/reference/upstream" && pwd) $RSM_BIND"
 # The suite (k8s, operator, helm, outages and 2^20-extent tests included)
 # takes 30-40 min on a loaded 2-core machine, far past go test's 10 min
-# default; a hang still ends. ./e2e/ alone (e2e/harness has no tests): go
-# test streams -v output only when it tests a single package.
-exec "$HERE/with-cluster.sh" \
-  go test -tags pacific,e2e -count=1 -timeout 60m -exec "$HERE/exec.sh" ./e2e/ "$@"
+# default; a hang still ends. ./e2e/ alone (e2e/harness has no tests).
+gotest=(go test -tags pacific,e2e -count=1 -timeout 60m -exec "$HERE/exec.sh" ./e2e/ "$@")
+
+# go test -json through e2e/testreport, which prints what go test prints
+# (every line with -v; else the failed tests' whole output and the package
+# lines) and, at the end, the ten slowest tests and subtests, so that the
+# log says where the time went. A -json of the caller's gets go test's own
+# JSON; a testreport that does not build, go test's own output.
+verbose=() json=0
+for a in "$@"; do
+  case "$a" in
+  -v | -v=true | --v | --v=true | -test.v | -test.v=true) verbose=(-v) ;;
+  -v=false | --v=false | -test.v=false) verbose=() ;;
+  -json | -json=true | --json | --json=true) json=1 ;;
+  esac
+done
+report_dir=$(mktemp -d -t rsm-testreport.XXXXXX)
+trap 'rm -rf "$report_dir"' EXIT
+if [ "$json" = 1 ] || ! go build -o "$report_dir/testreport" ./e2e/testreport; then
+  [ "$json" = 1 ] || echo "run-e2e: e2e/testreport did not build; go test's own output follows" >&2
+  rc=0
+  "$HERE/with-cluster.sh" "${gotest[@]}" || rc=$?
+  exit "$rc"
+fi
+# The exit code is go test's (with-cluster.sh's), not the report's.
+set +e
+"$HERE/with-cluster.sh" "${gotest[0]}" "${gotest[1]}" -json "${gotest[@]:2}" | "$report_dir/testreport" "${verbose[@]}"
+rcs=("${PIPESTATUS[@]}")
+set -e
+[ "${rcs[1]}" = 0 ] || echo "run-e2e: e2e/testreport failed (exit ${rcs[1]}); go test exited ${rcs[0]}" >&2
+exit "${rcs[0]}"
