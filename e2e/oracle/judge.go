@@ -253,15 +253,22 @@ func preciseTruth(before, after []byte, from int) (blocks, exact int64) {
 
 var preciseZeros = make([]byte, Block)
 
-// preciseAt returns before[off:end], zero-extended.
+// preciseAt returns before[off:end], zero-extended, for reading only: a
+// range at or past before's end (all of them in an Allocated, whose
+// before is nil) is preciseZeros itself, not a copy of it. It used to
+// clone 4 KiB of zeros for each such block of each query: 2.5 s of the
+// test binary's 15 s of CPU in TestPreciseOracle's seed 600005, more
+// than all the rest of the judging (issue 28). A range is at most one
+// block.
 func preciseAt(before []byte, off, end int) []byte {
-	if end <= len(before) {
+	switch {
+	case end <= len(before):
 		return before[off:end]
+	case off >= len(before):
+		return preciseZeros[:end-off]
 	}
-	b := slices.Clone(preciseZeros[:end-off])
-	if off < len(before) {
-		copy(b, before[off:])
-	}
+	b := make([]byte, end-off)
+	copy(b, before[off:])
 	return b
 }
 
