@@ -11,7 +11,9 @@
 // FAIL, a build's errors), and any line that is not a test event as it
 // came. With -v it prints every line of output as it comes, as go test -v
 // does. Then, in both, the n slowest tests that passed or failed, top-level
-// tests and subtests alike, with their seconds.
+// tests and subtests alike, with their seconds: a top-level test's from
+// its start to its end, its parallel subtests included (go test's own
+// figure leaves them out).
 //
 // It ignores SIGINT and SIGTERM and reads to the end of its input: the
 // command before it in the pipe (with-cluster.sh) still prints while it
@@ -32,10 +34,12 @@ import (
 	"slices"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // event is the part of a test2json event (go doc test2json) used here.
 type event struct {
+	Time    time.Time
 	Action  string
 	Package string
 	Test    string
@@ -59,11 +63,12 @@ type report struct {
 	held    map[string]*strings.Builder // "pkg\x00TestX": its output and its subtests'
 	order   []string                    // keys of held, in the order the tests started
 	times   []timing
-	pkgs    map[string]bool // the packages whose tests ended
+	pkgs    map[string]bool      // the packages whose tests ended
+	started map[string]time.Time // "pkg\x00TestX": its run event's time
 }
 
 func newReport(out io.Writer, verbose bool) *report {
-	return &report{out: out, verbose: verbose, held: map[string]*strings.Builder{}, pkgs: map[string]bool{}}
+	return &report{out: out, verbose: verbose, held: map[string]*strings.Builder{}, pkgs: map[string]bool{}, started: map[string]time.Time{}}
 }
 
 // line takes one line of go test -json's output.
@@ -122,6 +127,10 @@ func (r *report) testEvent(e event) {
 	top, _, _ := strings.Cut(e.Test, "/")
 	key := e.Package + "\x00" + top
 	switch e.Action {
+	case "run":
+		if e.Test == top {
+			r.started[key] = e.Time
+		}
 	case "output":
 		if r.verbose {
 			fmt.Fprint(r.out, e.Output)
@@ -136,7 +145,17 @@ func (r *report) testEvent(e event) {
 		b.WriteString(e.Output)
 	case "pass", "fail":
 		r.pkgs[e.Package] = true
-		r.times = append(r.times, timing{e.Package, e.Test, e.Elapsed, e.Action == "fail"})
+		seconds := e.Elapsed
+		if start, ok := r.started[key]; ok && e.Test == top && !start.IsZero() && !e.Time.IsZero() {
+			// go test's elapsed time of a test leaves out its parallel
+			// subtests, which run after its function returned: the time
+			// from its run event to its end counts them.
+			seconds = max(seconds, e.Time.Sub(start).Seconds())
+		}
+		r.times = append(r.times, timing{e.Package, e.Test, seconds, e.Action == "fail"})
+		if e.Test == top {
+			delete(r.started, key)
+		}
 		fallthrough
 	case "skip":
 		if e.Test != top {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 )
 
 // ev is one line of go test -json in package p.
@@ -123,6 +124,36 @@ func TestBuildFailure(t *testing.T) {
 		ev("fail", "", "", 0),
 	)
 	want := "# p\nx_test.go:2:9: expected ')'\nFAIL\tp [setup failed]\n"
+	if got != want {
+		t.Errorf("got:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+// A test whose subtests run in parallel: go test's elapsed time of the
+// parent leaves them out, its start and end do not.
+func TestParallelSubtests(t *testing.T) {
+	t0 := time.Date(2026, 12, 2, 20, 0, 0, 0, time.UTC)
+	at := func(line string, d time.Duration) string {
+		var e event
+		if err := json.Unmarshal([]byte(line), &e); err != nil {
+			t.Fatal(err)
+		}
+		e.Time = t0.Add(d)
+		b, err := json.Marshal(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b) + "\n"
+	}
+	got := run(false, 10,
+		at(ev("run", "TestP", "", 0), 0),
+		at(ev("run", "TestP/a", "", 0), 0),
+		at(ev("pass", "TestP/a", "", 40), 50*time.Second),
+		at(ev("pass", "TestP", "", 0.1), 60*time.Second),
+	)
+	want := "testreport: the 2 slowest of 2 tests and subtests (seconds):\n" +
+		"    60.00  TestP\n" +
+		"    40.00  TestP/a\n"
 	if got != want {
 		t.Errorf("got:\n%s\nwant:\n%s", got, want)
 	}
