@@ -32,8 +32,10 @@
 //
 // Knobs: RSM_E2E_SEED=n replays one seed of the oracle tests,
 // RSM_E2E_SEEDS=n runs n fresh random seeds instead of the fixed ones
-// (the soak's); RSM_E2E_BIG=1 adds the slow variants (TestManyWrites
-// with 2^20 writes); RSM_BENCH=1 runs the benchmark (e2e/run-bench.sh);
+// (the soak's); RSM_E2E_PARALLEL=n runs n of a test's oracle histories
+// at once (default 2, one per core: oracle.Parallel; 1 for the tables'
+// times of a query alone); RSM_E2E_BIG=1 adds the slow variants
+// (TestManyWrites with 2^20 writes); RSM_BENCH=1 runs the benchmark (e2e/run-bench.sh);
 // RSM_CLIENT_CEPH picks the librbd the tests and the server run with,
 // RSM_CEPH the cluster's release (./dev.sh matrix).
 //

@@ -172,11 +172,12 @@ func TestPreciseFormat1(t *testing.T) {
 	srcs := oracle.Sources(t)
 	for _, seed := range []uint64{19, 20, 21} {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			oracle.Parallel(t)
 			w := oracle.NewWorkload(t, ioctx, seed)
 			w.Walks = true // format 1 has no object map
 			p := &oracle.Image{Name: harness.UniqueName(t, "format1"), ObjSize: harness.MiB, Size: 24 * harness.MiB}
-			t.Setenv("RBD_FORCE_ALLOW_V1", "1") // reef creates format 1 images only so
-			harness.RbdCLI(t, "create", "--image-format", "1", "--object-size", "1M", "--size", "24M", harness.Pool+"/"+p.Name)
+			// Reef creates format 1 images only so.
+			harness.RbdCLIEnv(t, []string{"RBD_FORCE_ALLOW_V1=1"}, "create", "--image-format", "1", "--object-size", "1M", "--size", "24M", harness.Pool+"/"+p.Name)
 			harness.RemoveImageOnCleanup(t, ioctx, p.Name)
 			w.Open(p)
 			if old, err := p.Img.IsOldFormat(); err != nil || !old {

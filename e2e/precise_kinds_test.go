@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -61,9 +62,16 @@ func TestPreciseVolumeKinds(t *testing.T) {
 // kinds over conn, queried through srcs; setup adjusts each workload.
 func testPreciseVolumeKinds(t *testing.T, conn *rados.Conn, srcs map[string]*rsm.Source, kinds []preciseKind, setup func(*oracle.Workload)) {
 	seed := oracle.Seeds(t)[0]
-	var rows []string
-	for _, k := range kinds {
+	rows := make([]string, len(kinds))
+	// After the kinds, which run two at a time (oracle.Parallel).
+	t.Cleanup(func() {
+		t.Logf("volume kinds (seed %d; reported ÷ truly changed in 4 KiB blocks · mean time per query):\n"+
+			"| volume | Allocated: truly changed | exact | precise | Delta: truly changed | exact | precise |\n"+
+			"| --- | --- | --- | --- | --- | --- | --- |\n%s", seed, strings.Join(slices.DeleteFunc(rows, func(r string) bool { return r == "" }), "\n"))
+	})
+	for i, k := range kinds {
 		t.Run(k.name, func(t *testing.T) {
+			oracle.Parallel(t)
 			w := oracle.NewWorkload(t, harness.OpenIOContext(t, conn, harness.Pool, k.ns), seed)
 			// Without an object map precise mode walks the objects.
 			w.Walks = k.features != 0 && k.features&rbd.FeatureObjectMap == 0
@@ -82,17 +90,14 @@ func testPreciseVolumeKinds(t *testing.T, conn *rados.Conn, srcs map[string]*rsm
 					t.Errorf("precise %s: %.2f× the truly changed bytes, want at most 1.1×", what, r)
 				}
 			}
-			rows = append(rows, fmt.Sprintf("| %s | %s | %.2f× · %v | **%.2f×** · %v | %s | %.2f× · %v | **%.2f×** · %v |", k.name,
+			rows[i] = fmt.Sprintf("| %s | %s | %.2f× · %v | **%.2f×** · %v | %s | %.2f× · %v | **%.2f×** · %v |", k.name,
 				oracle.MiB(tot.Truth[0]), tot.Ratio(e[0], 0), tot.Per(e[0], 0), tot.Ratio(p[0], 0), tot.Per(p[0], 0),
-				oracle.MiB(tot.Truth[1]), tot.Ratio(e[1], 1), tot.Per(e[1], 1), tot.Ratio(p[1], 1), tot.Per(p[1], 1)))
+				oracle.MiB(tot.Truth[1]), tot.Ratio(e[1], 1), tot.Per(e[1], 1), tot.Ratio(p[1], 1), tot.Per(p[1], 1))
 			if t.Failed() {
 				t.Logf("history:\n%s", strings.Join(w.Log, "\n"))
 			}
 		})
 	}
-	t.Logf("volume kinds (seed %d; reported ÷ truly changed in 4 KiB blocks · mean time per query):\n"+
-		"| volume | Allocated: truly changed | exact | precise | Delta: truly changed | exact | precise |\n"+
-		"| --- | --- | --- | --- | --- | --- | --- |\n%s", seed, strings.Join(rows, "\n"))
 }
 
 // testPreciseKind builds the history of TestPreciseVolumeKinds on a volume

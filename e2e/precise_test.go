@@ -57,8 +57,11 @@ func testPreciseOracle(t *testing.T, features uint64) {
 	zero := preciseZeroer(t)
 	srcs := oracle.Sources(t)
 	tot := oracle.NewTotals()
+	// After the seeds, which run two at a time (oracle.Parallel).
+	t.Cleanup(func() { t.Log("\n" + tot.Table()) })
 	for _, seed := range oracle.Seeds(t) {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			oracle.Parallel(t)
 			w := oracle.NewWorkload(t, ioctx, seed)
 			// Registered first, so it runs after the images' cleanups,
 			// whose failures it explains too.
@@ -73,16 +76,17 @@ func testPreciseOracle(t *testing.T, features uint64) {
 			start := time.Now()
 			w.Run()
 			built := time.Now()
-			h := w.Check(srcs, tot)
-			w.Migrate(srcs, tot)
-			w.RemoveDuring(srcs, tot)
+			mine := oracle.NewTotals()
+			h := w.Check(srcs, mine)
+			w.Migrate(srcs, mine)
+			w.RemoveDuring(srcs, mine)
+			tot.Add(mine)
 			p := w.Images[len(w.Images)-1]
 			t.Logf("%v: %d images, the last of %d objects of %d KiB, %d snapshots, %d queries per mode; history %v, checks %v; Allocated / Delta ratio: %s",
 				w.KindList(), len(w.Images), (p.Size+p.ObjSize-1)/p.ObjSize, p.ObjSize>>10, len(p.Snaps), h.Queries[0]+h.Queries[1],
 				built.Sub(start).Round(time.Millisecond), time.Since(built).Round(time.Millisecond), h.Ratios())
 		})
 	}
-	t.Log("\n" + tot.Table())
 }
 
 // preciseZeroer opens an ioctx on the test pool whose images discard with

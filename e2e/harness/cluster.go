@@ -236,10 +236,21 @@ func Snapshot(t testing.TB, img *rbd.Image, name string) uint64 {
 // at the cluster's config) and returns its standard output.
 func RbdCLI(t testing.TB, args ...string) []byte {
 	t.Helper()
+	return RbdCLIEnv(t, nil, args...)
+}
+
+// RbdCLIEnv is RbdCLI with env ("NAME=value") added to the test's
+// environment, for a test that runs in parallel with others (t.Setenv
+// refuses those).
+func RbdCLIEnv(t testing.TB, env []string, args ...string) []byte {
+	t.Helper()
 	ClusterEnv(t, "CEPH_CONF")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "rbd", args...)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()

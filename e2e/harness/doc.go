@@ -21,8 +21,8 @@
 //     connections (ConnectAdmin, ConnectTo), images with Ceph-CSI's
 //     features and their removal (CreateImage, RemoveImageOnCleanup),
 //     writes, discards and snapshots, the rbd and ceph command lines
-//     (RbdCLI, RbdTry, CephAuth), and a second cluster of a test's own
-//     (StartExtraCluster).
+//     (RbdCLI, RbdCLIEnv, RbdTry, CephAuth), and a second cluster of a
+//     test's own (StartExtraCluster).
 //   - csi.go: volumes and snapshots laid out exactly as Ceph-CSI's RBD
 //     controller lays them out, journal and LUKS2 header included
 //     (NewCSICluster, CSICluster.CreateVolume, CSIVolume.Snapshot,

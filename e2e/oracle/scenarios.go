@@ -334,8 +334,9 @@ func (w *Workload) createFormat1(order uint64) *Image {
 	w.Walks = true // format 1 has no object map: precise mode walks
 	size := (w.initialSize(order) + harness.MiB - 1) &^ (harness.MiB - 1)
 	p := &Image{Name: harness.UniqueName(t, "precise-format1"), ObjSize: 1 << order, Size: size}
-	t.Setenv("RBD_FORCE_ALLOW_V1", "1") // reef creates format 1 images only so
-	harness.RbdCLI(t, "create", "--image-format", "1", "--object-size", fmt.Sprintf("%dK", p.ObjSize>>10), "--size", fmt.Sprintf("%dM", size/harness.MiB), harness.Pool+"/"+p.Name)
+	// Reef creates format 1 images only so; not t.Setenv: histories run
+	// in parallel (Parallel).
+	harness.RbdCLIEnv(t, []string{"RBD_FORCE_ALLOW_V1=1"}, "create", "--image-format", "1", "--object-size", fmt.Sprintf("%dK", p.ObjSize>>10), "--size", fmt.Sprintf("%dM", size/harness.MiB), harness.Pool+"/"+p.Name)
 	harness.RemoveImageOnCleanup(t, w.IOCtx, p.Name)
 	w.Logf("create %s size %d order %d format 1", p.Name, p.Size, order)
 	w.Open(p)

@@ -10,6 +10,7 @@ package oracle
 // to Failed.
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"slices"
@@ -164,4 +165,39 @@ func watchSeed(t *testing.T, seed uint64) {
 func topTest(t *testing.T) string {
 	name, _, _ := strings.Cut(t.Name(), "/")
 	return name
+}
+
+// parallel holds a token per history running (Parallel): at most
+// RSM_E2E_PARALLEL (default 2) at once.
+var parallel = sync.OnceValues(func() (chan struct{}, error) {
+	n := 2
+	if s := os.Getenv("RSM_E2E_PARALLEL"); s != "" {
+		v, err := strconv.Atoi(s)
+		if err != nil || v < 1 {
+			return nil, fmt.Errorf("RSM_E2E_PARALLEL=%q: want a positive number", s)
+		}
+		n = v
+	}
+	return make(chan struct{}, n), nil
+})
+
+// Parallel runs t, the subtest of one history (a seed, a volume kind), in
+// parallel with the other histories of its test: t.Parallel, and at most
+// RSM_E2E_PARALLEL of them at once (default 2, whatever go test's
+// -parallel), since each holds its snapshots' bytes in memory (up to
+// 1 GiB: a volume kind's four snapshots of 256 MiB). The queries and the oracle take about one core, the test
+// binary's and the OSD's CPU together: two histories at once take the
+// suite's two cores (issue 28). RSM_E2E_PARALLEL=1 runs one at a time,
+// for the tables' times of a query alone. The test's figures are then
+// summed with Totals.Add, and its table printed in a t.Cleanup of the
+// parent, which runs after its parallel subtests.
+func Parallel(t *testing.T) {
+	t.Helper()
+	tokens, err := parallel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Parallel()
+	tokens <- struct{}{}
+	t.Cleanup(func() { <-tokens })
 }

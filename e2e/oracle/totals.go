@@ -10,6 +10,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/harness"
@@ -47,6 +48,8 @@ type Totals struct {
 	// missed.
 	removals, remRefused, remAnswered int
 	remMissed                         int64
+
+	mu sync.Mutex // Add's, for histories that run in parallel
 }
 
 // preciseOffsetTally sums one mode's Iterate calls from an offset inside
@@ -65,6 +68,55 @@ func NewTotals() *Totals {
 		tot.offsets[m.Name] = &preciseOffsetTally{}
 	}
 	return tot
+}
+
+// Add adds o's figures, every one of them, to tot's: the totals of a
+// history that ran in parallel with others (Parallel) into its test's.
+// Safe for concurrent use; a field added to Totals is added here too.
+func (tot *Totals) Add(o *Totals) {
+	tot.mu.Lock()
+	defer tot.mu.Unlock()
+	tot.add(o)
+}
+
+func (tot *Totals) add(o *Totals) {
+	for i := range 2 {
+		tot.Truth[i] += o.Truth[i]
+		tot.exact[i] += o.exact[i]
+		tot.Queries[i] += o.Queries[i]
+	}
+	for name, x := range o.Modes {
+		y := tot.Modes[name]
+		for i := range x {
+			y[i].reported += x[i].reported
+			y[i].missed += x[i].missed
+			y[i].dur += x[i].dur
+			y[i].zeros += x[i].zeros
+			y[i].same += x[i].same
+		}
+	}
+	tot.histories += o.histories
+	tot.Checksummed += o.Checksummed
+	for k, x := range o.kinds {
+		tot.kind(k).add(x)
+	}
+	for name, x := range o.offsets {
+		y := tot.offsets[name]
+		y.queries += x.queries
+		y.truth += x.truth
+		y.reported += x.reported
+		y.missed += x.missed
+		y.startsBefore += x.startsBefore
+		y.differs += x.differs
+	}
+	tot.migrations += o.migrations
+	tot.migRefused += o.migRefused
+	tot.migAnswered += o.migAnswered
+	tot.migMissed += o.migMissed
+	tot.removals += o.removals
+	tot.remRefused += o.remRefused
+	tot.remAnswered += o.remAnswered
+	tot.remMissed += o.remMissed
 }
 
 // kind returns the totals of one kind of history, made on first use.
