@@ -86,6 +86,11 @@
 // after them). layout_test.go at the repository's root checks that this
 // index names every Test function of every file, and nothing else.
 //
+// The test binary's main: the tests, then the removal of what they
+// shared (harness.SharedManyWrites, harness.EndSuite):
+//
+//   - main_test.go: TestMain
+//
 // The harness's own tests, of the references the other tests trust:
 //
 //   - harness_test.go: TestHarnessDiffTrashSnapshotsByID,

@@ -17,7 +17,7 @@ import (
 // lister reads a 16k-tuple Delta in pages of one tuple: the lister must
 // get exactly the answer of an uninterrupted call, with no error.
 func TestK8sSidecarResume(t *testing.T) {
-	v, _ := harness.ManyWrites(t, 16384)
+	v, _ := harness.SharedManyWrites(t, 16384)
 	k := startK8s(t)
 	addr := harness.FreeTCPAddr(t)
 	// -v=5: a line per page sent, which says the stream is under way.

@@ -43,7 +43,7 @@ var relModes = []struct {
 // must serve the same request in full right after, and once the server
 // is stopped and the source closed, no goroutine may be left over.
 func TestReliabilityCancelLeaks(t *testing.T) {
-	v, _ := harness.ManyWrites(t, 16384)
+	v, _ := harness.SharedManyWrites(t, 16384)
 	baseline := goleak.IgnoreCurrent()
 	const pageMax = 100
 	for _, mode := range relModes {

@@ -81,7 +81,7 @@ func TestReliabilityResume(t *testing.T) {
 	if !harness.ServerHasPrecision(t, "precise") {
 		t.Skip("the server binary has no --precision=precise")
 	}
-	v, _ := harness.ManyWrites(t, 16384)
+	v, _ := harness.SharedManyWrites(t, 16384)
 	base := []string{"--ceph-op-timeout=" + relOpTimeout.String(), "--fixed-block-size", "4096"}
 	var streams []*resumeStream
 	metrics := map[*harness.Server]string{}
@@ -397,7 +397,7 @@ func TestReliabilityResumeOSDKilled(t *testing.T) {
 	if !harness.ServerHasPrecision(t, "precise") {
 		t.Skip("the server binary has no --precision=precise")
 	}
-	v, _ := harness.ManyWrites(t, 16384)
+	v, _ := harness.SharedManyWrites(t, 16384)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute) // a hang guard
 	defer cancel()
 	var streams []*resumeStream

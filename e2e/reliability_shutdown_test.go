@@ -22,7 +22,7 @@ import (
 // truncated OK. New requests are refused, the server exits with 0 and
 // removes its socket.
 func TestReliabilityShutdown(t *testing.T) {
-	v, _ := harness.ManyWrites(t, 16384)
+	v, _ := harness.SharedManyWrites(t, 16384)
 	const grace = 3 * time.Second
 	srv := harness.StartServer(t, "--grace-period="+grace.String())
 	qs := []harness.MetaReq{{Target: v.ID("s2")}, {Base: v.ID("s1"), Target: v.ID("s2")}}

@@ -47,7 +47,7 @@ func relBound(timeout time.Duration) time.Duration { return 4*timeout + 10*time.
 // page fills gRPC's flow control window after a few thousand, and the
 // diff waits there, in the middle of the image, until the client reads on.
 func TestReliabilityFaults(t *testing.T) {
-	v, _ := harness.ManyWrites(t, 16384)
+	v, _ := harness.SharedManyWrites(t, 16384)
 	t.Run("monitors", func(t *testing.T) { relMonitors(t, v) })
 	t.Run("server-killed", func(t *testing.T) { relServerKilled(t, v) })
 	for _, mode := range []string{"exact", "precise"} {

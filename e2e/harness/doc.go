@@ -29,7 +29,8 @@
 //     CSISnap.Restore).
 //   - volumes.go: an image with snapshots and the native IDs the server
 //     accepts for it (CreateVolume, RbdVolume), filled with recognizable
-//     data (FillAt), or with many writes fast (ManyWrites, ImportDiff).
+//     data (FillAt), or with many writes fast (ManyWrites, ImportDiff;
+//     SharedManyWrites for tests that only read it).
 //   - server.go: the server binary as a subprocess (StartServer, Server),
 //     its two RPCs called with the raw CSI client (MetaReq, Server.Get,
 //     Server.Open), the spec's stream invariants (CheckStream), the
@@ -53,4 +54,7 @@
 //   - memory.go: a process's memory from /proc (ProcStatus, SampleMemory).
 //   - trim.go: snapshot trimming at once (FastSnapTrim), and the wait
 //     until a removed snapshot is gone from objects' snap sets (WaitTrimmed).
+//   - suite.go: fixtures shared by the tests of one test binary, made by
+//     the first that asks (SharedManyWrites) and removed when the suite
+//     ends (EndSuite, which the e2e package's TestMain calls).
 package harness

@@ -10,8 +10,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"fmt"
 	"io"
 	"os/exec"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -149,6 +151,25 @@ func ImportDiff(t testing.TB, v RbdVolume, offsets func(yield func(off uint64) b
 	if err := cmd.Wait(); err != nil || werr != nil {
 		t.Fatalf("rbd import-diff - %s: %v (writing: %v)\n%s", v.Spec(), err, werr, stderr.Bytes())
 	}
+}
+
+// SharedManyWrites is ManyWrites(t, n) made once per test binary and
+// shared by the tests that ask for the same n: for tests that only read
+// the volume (no write, no snapshot removed). Six fault and shutdown
+// tests read a 16k-write volume, which took 6-10 s each to make on a
+// loaded machine (issue 28). It is removed when the suite ends (EndSuite).
+// The spans are the caller's own copy.
+func SharedManyWrites(t testing.TB, n int) (RbdVolume, []Span) {
+	t.Helper()
+	type made struct {
+		v    RbdVolume
+		want []Span
+	}
+	m := shared(t, fmt.Sprintf("ManyWrites(%d)", n), func(tb testing.TB) made {
+		v, want := ManyWrites(tb, n)
+		return made{v, want}
+	})
+	return m.v, slices.Clone(m.want)
 }
 
 // ManyWrites builds a volume (Ceph-CSI's features) whose Delta from s1 to
