@@ -299,6 +299,10 @@ func TestServerMatchesRbdDiff(t *testing.T) {
 	}
 	for _, sc := range diffScenarios {
 		t.Run(sc.name, func(t *testing.T) {
+			// Each scenario has its own volume, the servers take
+			// concurrent calls: two or more at once (go test's
+			// -parallel, one per core).
+			t.Parallel()
 			b := sc.build(t, conn)
 			t.Logf("volume %s, snapshots %v", b.vol.Spec(), b.snaps)
 			for _, q := range diffQueries(b.snaps) {

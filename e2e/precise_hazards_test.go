@@ -52,6 +52,7 @@ func TestPreciseRollback(t *testing.T) {
 	// The snapshot rolled back to must hold clean bits: one taken with
 	// nothing changed since the one before.
 	t.Run("plain", func(t *testing.T) {
+		oracle.Parallel(t)
 		w := oracle.NewWorkload(t, ioctx, 16)
 		p := w.HazardImage(nil, 16*harness.MiB, 20)
 		for _, o := range []uint64{0, 1, 3} {
@@ -72,6 +73,7 @@ func TestPreciseRollback(t *testing.T) {
 		w.CheckAll(srcs)
 	})
 	t.Run("clone", func(t *testing.T) {
+		oracle.Parallel(t)
 		w := oracle.NewWorkload(t, ioctx, 17)
 		parent := w.HazardImage(nil, 16*harness.MiB, 20)
 		for o := uint64(0); o < 16; o++ {
@@ -409,11 +411,11 @@ func TestPreciseInvalidObjectMap(t *testing.T) {
 	ioctx := harness.OpenIOContext(t, conn, harness.Pool, "")
 	srcs := oracle.Sources(t)
 	invalidate := func(w *oracle.Workload, p *oracle.Image) {
-		t.Helper()
+		w.T.Helper()
 		w.Logf("disable and enable fast-diff on %s", p.Name)
 		for _, on := range []bool{false, true} {
 			if err := p.Img.UpdateFeatures(rbd.FeatureObjectMap|rbd.FeatureFastDiff, on); err != nil {
-				t.Fatalf("update features of %s (%v): %v", p.Name, on, err)
+				w.T.Fatalf("update features of %s (%v): %v", p.Name, on, err)
 			}
 		}
 	}
@@ -427,7 +429,7 @@ func TestPreciseInvalidObjectMap(t *testing.T) {
 			w.Write(p, o*harness.MiB+512*oracle.KiB, 4*oracle.KiB)
 		}
 		if _, err := p.Img.Discard(5*harness.MiB, harness.MiB); err != nil {
-			t.Fatalf("discard: %v", err)
+			w.T.Fatalf("discard: %v", err)
 		}
 		w.Logf("discard %d+%d", 5*harness.MiB, harness.MiB)
 		w.Snap(p) // s2
@@ -435,6 +437,7 @@ func TestPreciseInvalidObjectMap(t *testing.T) {
 		w.Snap(p) // s3
 	}
 	t.Run("plain", func(t *testing.T) {
+		oracle.Parallel(t)
 		w := oracle.NewWorkload(t, ioctx, 18)
 		w.Walks = true
 		p := w.HazardImage(nil, 16*harness.MiB, 20)
@@ -442,6 +445,7 @@ func TestPreciseInvalidObjectMap(t *testing.T) {
 		w.CheckAll(srcs)
 	})
 	t.Run("clone", func(t *testing.T) {
+		oracle.Parallel(t)
 		w := oracle.NewWorkload(t, ioctx, 19)
 		w.Walks = true
 		parent := w.HazardImage(nil, 16*harness.MiB, 20)
