@@ -145,18 +145,56 @@ tests_of() {
 # ./dev.sh e2e (reef only) does not cover: e2e/matrix.txt's matrix list on
 # tentacle, its cross list across versions. RSM_CEPH is the cluster's
 # release, RSM_CLIENT_CEPH the one whose librbd the server and tests use.
-# Each leg is a phase, matrix-CLUSTER-LIBRBD.
+# Each leg is a background phase, matrix-CLUSTER-LIBRBD, in a network
+# namespace of its own (e2e/netns.sh), so the three run side by side, and
+# beside whatever the caller runs before join collects them.
 legs() {
-	local matrix cross t m cluster client tests
+	local matrix cross m cluster client tests
 	matrix=$(tests_of matrix)
 	cross=$(tests_of cross)
 	for m in tentacle/tentacle/"$matrix" tentacle/reef/"$cross" reef/tentacle/"$cross"; do
 		IFS=/ read -r cluster client tests <<<"$m"
-		t=$SECONDS
-		echo "dev: e2e, $cluster cluster, $client librbd" >&2
-		phase "matrix-$cluster-$client" env RSM_CEPH="$cluster" RSM_CLIENT_CEPH="$client" e2e/run-e2e.sh -run "$tests"
-		echo "dev: e2e, $cluster cluster, $client librbd: passed in $((SECONDS - t)) s" >&2
+		bg "matrix-$cluster-$client" env RSM_CEPH="$cluster" RSM_CLIENT_CEPH="$client" RSM_K8S=0 \
+			e2e/netns.sh e2e/run-e2e.sh -run "$tests"
 	done
+}
+
+# bg NAME CMD...: phase NAME CMD started in the background, its output
+# into a log of its own that join prints when it ends (several at once
+# would interleave). BG holds "PID NAME LOG" of the ones not joined yet.
+BG=()
+bg() {
+	local name=$1 log
+	shift
+	log=$(mktemp -t "rsm-${name//\//-}.XXXXXX.log")
+	echo "dev: $name: started beside the others; its output when it ends (log: $log)" >&2
+	phase "$name" "$@" >"$log" 2>&1 </dev/null &
+	BG+=("$! $name $log")
+}
+
+# join: waits for every bg phase, printing each one's output as it ends,
+# and returns the first non-zero exit code among them (0 when all passed).
+join() {
+	local rc=0 r pid e name log left
+	while [ ${#BG[@]} -gt 0 ]; do
+		r=0
+		wait -n -p pid $(printf '%s\n' "${BG[@]}" | cut -d' ' -f1) || r=$?
+		left=()
+		for e in "${BG[@]}"; do
+			read -r _ name log <<<"$e"
+			if [ "${e%% *}" = "$pid" ]; then
+				echo "dev: ---- $name ended (exit $r); its output:" >&2
+				cat "$log" >&2
+				echo "dev: ---- end of $name's output" >&2
+				rm -f "$log"
+			else
+				left+=("$e")
+			fi
+		done
+		BG=("${left[@]}")
+		[ "$rc" != 0 ] || rc=$r
+	done
+	return "$rc"
 }
 
 # rootfs RELEASE: the release's root filesystem, built or restored now as
@@ -168,6 +206,7 @@ matrix() {
 	rootfs tentacle
 	rootfs reef
 	legs
+	join
 }
 
 # prefetch: what the later phases need and nothing before them does,
@@ -194,18 +233,35 @@ prefetch() {
 }
 
 # ./dev.sh test: what e2e and matrix do, with one build, then the image and its pods;
-# what later phases need is made during the unit tests (prefetch).
+# what later phases need is made during the unit tests (prefetch). The
+# suite on reef runs in two parts side by side, each with a cluster of its
+# own: the oracle tests (e2e/matrix.txt's soak list, e2e-reef-oracle), which
+# keep the two cores busy, and the rest (e2e-reef), which mostly waits on
+# timeouts, the OSDs and the Kubernetes tools. Beside them run the matrix's
+# legs, the pods and the image, all but e2e-reef and the image's build in a
+# network namespace of their own (e2e/netns.sh, run-pods.sh), so that none
+# meets another's ports or faults.
 test_all() {
+	local rc=0 r oracle
 	deps
 	prefetch
 	phase unit unit
 	phase build build
 	rootfs reef
-	phase "e2e-${RSM_CEPH:-reef}" e2e/run-e2e.sh
 	rootfs tentacle
+	oracle=$(tests_of soak)
+	bg "e2e-${RSM_CEPH:-reef}-oracle" env RSM_K8S=0 e2e/netns.sh e2e/run-e2e.sh -run "$oracle"
 	legs
-	phase image e2e/image-build-test.sh
-	phase pods e2e/run-pods.sh
+	bg pods e2e/run-pods.sh
+	bg image e2e/image-build-test.sh
+	set +e
+	phase "e2e-${RSM_CEPH:-reef}" e2e/run-e2e.sh -skip "$oracle"
+	rc=$?
+	join
+	r=$?
+	set -e
+	[ "$rc" != 0 ] || rc=$r
+	return "$rc"
 }
 
 # soak [N]: the tests of e2e/matrix.txt's soak list, with N fresh random

@@ -152,7 +152,10 @@ cluster_check reef 1
 
 # 3. The e2e tests of the server binary, with the image's entrypoint, on
 # tentacle. The wrapper runs inside the e2e rootfs (the tests run there),
-# which gets the image's root and this folder bound.
+# which gets the image's root and this folder bound. They run in a network
+# namespace of their own (e2e/netns.sh), so that their Kubernetes test
+# cannot meet another run's ports when ./dev.sh test runs this beside the
+# reef suite; the Kubernetes tools are built before, outside it.
 cat >"$OUT/entrypoint" <<EOF
 #!/bin/sh
 exec "$HERE/in-image.sh" "$IMG" -b /tmp -b /var/tmp -- "$ENTRYPOINT" "\$@"
@@ -160,7 +163,10 @@ EOF
 chmod 755 "$OUT/entrypoint"
 t=$(now)
 rc=0
+for what in build csi-operator helm; do
+	"$HERE/k8s/k8s.sh" "$what" >/dev/null || log "e2e/k8s/k8s.sh $what failed: the tests that need it will say so"
+done
 RSM_CEPH=tentacle RSM_CLIENT_CEPH=tentacle RSM_SERVER_BIN=$OUT/entrypoint RSM_BIND="$OUT $IMG${RSM_BIND:+ $RSM_BIND}" \
-	"$HERE/run-e2e.sh" "$@" || rc=$?
+	"$HERE/netns.sh" "$HERE/run-e2e.sh" "$@" || rc=$?
 log "e2e with the image's entrypoint on tentacle ($*): exit $rc in $(since "$t"); total $(since "$T0")"
 exit $rc

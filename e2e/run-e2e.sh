@@ -26,9 +26,16 @@ timed() {
   return "$rc"
 }
 
+# RSM_K8S=0: a run of tests that need no Kubernetes tool (the matrix's
+# legs, in a network namespace with no way to the module proxy) neither
+# builds nor looks for them; the tests that need them fail as on a failed
+# build.
+if [ "${RSM_K8S:-1}" = 0 ]; then
+  export RSM_K8S_BUILD_ERROR="RSM_K8S=0: this run has no Kubernetes tools"
+  export RSM_CSI_OPERATOR_BUILD_ERROR=$RSM_K8S_BUILD_ERROR RSM_HELM_BUILD_ERROR=$RSM_K8S_BUILD_ERROR
 # The Kubernetes binaries of k8s_test.go: ~5 min to build once, then cached.
 # A failed build (no module proxy) fails that test, not the run.
-if RSM_K8S_BIN=$(timed k8s "$HERE/k8s/k8s.sh" build); then
+elif RSM_K8S_BIN=$(timed k8s "$HERE/k8s/k8s.sh" build); then
   export RSM_K8S_BIN
   export RSM_BIND="$RSM_K8S_BIN${RSM_BIND:+ $RSM_BIND}"
 else
@@ -40,7 +47,9 @@ fi
 # ceph-csi-operator's manager and the operator's and Rook's manifests for
 # k8s_operator_test.go (e2e/k8s/k8s.sh csi-operator): minutes once (docs/development.md, CI), then
 # cached. A failed build fails that test, not the run.
-if RSM_CSI_OPERATOR_BIN=$(timed csi-operator "$HERE/k8s/k8s.sh" csi-operator); then
+if [ "${RSM_K8S:-1}" = 0 ]; then
+  :
+elif RSM_CSI_OPERATOR_BIN=$(timed csi-operator "$HERE/k8s/k8s.sh" csi-operator); then
   export RSM_CSI_OPERATOR_BIN
   export RSM_BIND="$RSM_CSI_OPERATOR_BIN${RSM_BIND:+ $RSM_BIND}"
 else
@@ -50,7 +59,9 @@ else
   echo "run-e2e: $RSM_CSI_OPERATOR_BUILD_ERROR" >&2
 fi
 # helm, for the chart's test (k8s_helm_test.go): a build and cache of its own.
-if RSM_HELM_BIN=$(timed helm "$HERE/k8s/k8s.sh" helm); then
+if [ "${RSM_K8S:-1}" = 0 ]; then
+  :
+elif RSM_HELM_BIN=$(timed helm "$HERE/k8s/k8s.sh" helm); then
   export RSM_HELM_BIN
   export RSM_BIND="$RSM_HELM_BIN${RSM_BIND:+ $RSM_BIND}"
 else
