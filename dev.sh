@@ -3,15 +3,15 @@
 # and runs the demo, on Debian 12 as root with only Go and gcc to start with.
 #
 #   ./dev.sh demo     a throwaway Ceph cluster, the server, and real changed blocks
-#   ./dev.sh test     unit tests, then e2e tests against a fresh real cluster
-#                     (reef), then the matrix (tentacle and cross-version),
-#                     then the image, then its pods on a real kubelet (pods);
-#                     ends with the table of its phases' times
+#   ./dev.sh test     unit tests, then side by side, each with a fresh real
+#                     cluster: the e2e suite on reef (in two parts), the matrix
+#                     (tentacle and cross-version), the image, and its pods
+#                     on a real kubelet; ends with the table of its phases' times
 #   ./dev.sh unit     gofmt, go vet, unit tests (the driver also without cgo), -race
 #   ./dev.sh e2e [go test args]   e2e tests only (RSM_CEPH=tentacle: on Ceph tentacle)
 #   ./dev.sh matrix   the tests of e2e/matrix.txt's matrix list on tentacle, and
 #                     of its cross list across versions (reef's librbd on a
-#                     tentacle cluster, tentacle's on reef)
+#                     tentacle cluster, tentacle's on reef), side by side
 #   ./dev.sh soak [N] the oracle tests (e2e/matrix.txt's soak list) with N fresh
 #                     random seeds each (default 12) on a throwaway reef cluster
 #                     (RSM_CEPH for another); prints each failing seed as the
