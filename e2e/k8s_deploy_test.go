@@ -19,7 +19,6 @@ package e2e
 import (
 	"encoding/base64"
 	"encoding/json"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,6 +26,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/harness/kube"
 )
 
 // Ceph-CSI v3.13.1's deploy/rbd/kubernetes/csi-rbdplugin-provisioner.yaml:
@@ -86,43 +87,10 @@ func (p *kpod) volumeNames() []string {
 	return n
 }
 
-// kubectl runs the real kubectl as admin; it fails the test on an error.
-func (k *k8sEnv) kubectl(t *testing.T, args ...string) string {
-	t.Helper()
-	out, err := k.kubectlErr(t, args...)
-	if err != nil {
-		t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return out
-}
-
-func (k *k8sEnv) kubectlErr(t *testing.T, args ...string) (string, error) {
-	t.Helper()
-	cfg := filepath.Join(k.dir, "admin.kubeconfig")
-	if _, err := os.Stat(cfg); err != nil {
-		k.kubeconfig(t, "admin", "")
-	}
-	cmd := exec.Command(filepath.Join(k.bin, "kubectl"), append([]string{"--kubeconfig", cfg}, args...)...)
-	out, err := cmd.CombinedOutput()
-	t.Logf("$ kubectl %s\n%s", strings.Join(args, " "), strings.TrimRight(string(out), "\n"))
-	return string(out), err
-}
-
-func (k *k8sEnv) getJSON(t *testing.T, v any, args ...string) {
-	t.Helper()
-	out, err := k.kubectlErr(t, append([]string{"get", "-o", "json"}, args...)...)
-	if err != nil {
-		t.Fatalf("kubectl get %v: %v\n%s", args, err, out)
-	}
-	if err := json.Unmarshal([]byte(out), v); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func (k *k8sEnv) deployment(t *testing.T, ns, name string) *kdeploy {
+func deployment(t *testing.T, k *kube.Env, ns, name string) *kdeploy {
 	t.Helper()
 	var d kdeploy
-	k.getJSON(t, &d, "-n", ns, "deployment", name)
+	k.GetJSON(t, &d, "-n", ns, "deployment", name)
 	return &d
 }
 
@@ -160,19 +128,19 @@ func upstreamYAML(t *testing.T, dir, ns, image string) string {
 		s = strings.ReplaceAll(s, "quay.io/cephcsi/cephcsi:v3.13.1", image)
 	}
 	path := filepath.Join(dir, ns+"-"+strings.NewReplacer("/", "_", ":", "_").Replace(image)+".yaml")
-	writeFile(t, path, s)
+	kube.WriteFile(t, path, s)
 	return path
 }
 
 // cephCSIPrereqs: what Ceph-CSI's other manifests create and the provisioner
 // refers to (namespace, service account, ConfigMaps).
-func (k *k8sEnv) cephCSIPrereqs(t *testing.T, ns string) {
+func cephCSIPrereqs(t *testing.T, k *kube.Env, ns string) {
 	t.Helper()
-	k.kubectl(t, "create", "namespace", ns)
-	k.kubectl(t, "-n", ns, "create", "serviceaccount", "rbd-csi-provisioner")
-	k.kubectl(t, "-n", ns, "create", "configmap", "ceph-csi-config", `--from-literal=config.json=[{"clusterID":"c1","monitors":["192.0.2.1:6789"]}]`)
-	k.kubectl(t, "-n", ns, "create", "configmap", "ceph-config", "--from-literal=ceph.conf=[global]")
-	k.kubectl(t, "-n", ns, "create", "configmap", "ceph-csi-encryption-kms-config", "--from-literal=config.json={}")
+	k.Kubectl(t, "create", "namespace", ns)
+	k.Kubectl(t, "-n", ns, "create", "serviceaccount", "rbd-csi-provisioner")
+	k.Kubectl(t, "-n", ns, "create", "configmap", "ceph-csi-config", `--from-literal=config.json=[{"clusterID":"c1","monitors":["192.0.2.1:6789"]}]`)
+	k.Kubectl(t, "-n", ns, "create", "configmap", "ceph-config", "--from-literal=ceph.conf=[global]")
+	k.Kubectl(t, "-n", ns, "create", "configmap", "ceph-csi-encryption-kms-config", "--from-literal=config.json={}")
 }
 
 // checkInPod: every container of upstream's pod, with its image and
@@ -220,9 +188,9 @@ func checkInPod(t *testing.T, got *kdeploy, upstream *kpod, image string) {
 
 // parsePod is the pod template of the manifest's Deployment, decoded by
 // kubectl itself (client-side dry run).
-func (k *k8sEnv) parsePod(t *testing.T, path string) *kpod {
+func parsePod(t *testing.T, k *kube.Env, path string) *kpod {
 	t.Helper()
-	out, err := k.kubectlErr(t, "create", "--dry-run=client", "-o", "json", "-f", path)
+	out, err := k.KubectlErr(t, "create", "--dry-run=client", "-o", "json", "-f", path)
 	if err != nil {
 		t.Fatalf("%s: %v", path, err)
 	}
@@ -248,69 +216,33 @@ func (k *k8sEnv) parsePod(t *testing.T, path string) *kpod {
 	return nil
 }
 
-// resourceVersions of the objects a kubectl command acts on: a second run
-// of our install must leave them all as they are.
-func (k *k8sEnv) resourceVersions(t *testing.T, args ...string) map[string]string {
-	t.Helper()
-	var list struct {
-		Items []struct {
-			Kind     string `json:"kind"`
-			Metadata struct {
-				Name, Namespace, ResourceVersion string
-			} `json:"metadata"`
-		} `json:"items"`
-	}
-	k.getJSON(t, &list, args...)
-	m := map[string]string{}
-	for _, it := range list.Items {
-		m[it.Kind+" "+it.Metadata.Namespace+"/"+it.Metadata.Name] = it.Metadata.ResourceVersion
-	}
-	return m
-}
-
-// allowed asks the API server whether the service account may do verb on
-// resource (group/resource, group "" for the core API), as the RBAC
-// authorizer answers a SubjectAccessReview for that account.
-func (k *k8sEnv) allowed(t *testing.T, ns, sa, verb, group, resource string) bool {
-	t.Helper()
-	p := filepath.Join(k.dir, "sar.yaml")
-	writeFile(t, p, fmt.Sprintf(`apiVersion: authorization.k8s.io/v1
-kind: SubjectAccessReview
-spec:
-  user: system:serviceaccount:%s:%s
-  groups: [system:serviceaccounts, "system:serviceaccounts:%s", system:authenticated]
-  resourceAttributes: {verb: %s, group: %q, resource: %s, namespace: %s}
-`, ns, sa, ns, verb, group, resource, ns))
-	return strings.TrimSpace(k.kubectl(t, "create", "-f", p, "-o", "jsonpath={.status.allowed}")) == "true"
-}
-
 func TestK8sDeploy(t *testing.T) {
 	t0 := time.Now()
-	k := startControlPlane(t)
+	k := kube.StartControlPlane(t)
 	root := deployTree(t)
 	tmp := t.TempDir()
 	const ns = "ceph-csi-rbd"
 	ssa := []string{"apply", "--server-side", "--field-manager=rbd-snapshot-metadata"}
 	patchCmd := func(ns string) {
 		patch := filepath.Join(tmp, "provisioner-patch.yaml")
-		writeFile(t, patch, k.kubectl(t, "kustomize", filepath.Join(root, "examples/ceph-csi/provisioner")))
-		k.kubectl(t, "-n", ns, "patch", "deployment", "csi-rbdplugin-provisioner", "--patch-file="+patch)
+		kube.WriteFile(t, patch, k.Kubectl(t, "kustomize", filepath.Join(root, "examples/ceph-csi/provisioner")))
+		k.Kubectl(t, "-n", ns, "patch", "deployment", "csi-rbdplugin-provisioner", "--patch-file="+patch)
 	}
 
 	// ---- Ceph-CSI from its manifests, our containers in its provisioner pod.
 	t.Run("ceph-csi", func(t *testing.T) {
 		up := upstreamYAML(t, tmp, ns, "")
-		upstream := k.parsePod(t, up)
-		k.cephCSIPrereqs(t, ns)
+		upstream := parsePod(t, k, up)
+		cephCSIPrereqs(t, k, ns)
 		// Ceph-CSI's install (its docs: kubectl create -f; apply -f as an
 		// upgrade does, which records last-applied-configuration).
-		k.kubectl(t, "apply", "-f", up)
+		k.Kubectl(t, "apply", "-f", up)
 		genCerts(t, root, "ceph-csi", ns)
 		example := filepath.Join(root, "examples/ceph-csi")
 		// Our install, as deploy/README.md says.
-		k.kubectl(t, append(ssa, "-k", example)...)
+		k.Kubectl(t, append(ssa, "-k", example)...)
 		patchCmd(ns)
-		got := k.deployment(t, ns, "csi-rbdplugin-provisioner")
+		got := deployment(t, k, ns, "csi-rbdplugin-provisioner")
 		checkInPod(t, got, upstream, "")
 		t.Logf("containers after our patch: %v", got.Spec.Template.names())
 
@@ -318,7 +250,7 @@ func TestK8sDeploy(t *testing.T) {
 		var sms struct {
 			Spec struct{ Address, CACert, Audience string }
 		}
-		k.getJSON(t, &sms, "snapshotmetadataservice", "rbd.csi.ceph.com")
+		k.GetJSON(t, &sms, "snapshotmetadataservice", "rbd.csi.ceph.com")
 		ca, _ := os.ReadFile(filepath.Join(example, "certs/ca.crt"))
 		if sms.Spec.CACert != base64.StdEncoding.EncodeToString(ca) || sms.Spec.Address != "csi-rbdplugin-snapshot-metadata."+ns+":6443" {
 			t.Errorf("SnapshotMetadataService: %+v", sms.Spec)
@@ -326,31 +258,31 @@ func TestK8sDeploy(t *testing.T) {
 
 		// Our steps a second time: accepted, nothing changes.
 		objs := []string{"-n", ns, "deployment,service,secret,configmap,snapshotmetadataservice,clusterrole,clusterrolebinding"}
-		before := k.resourceVersions(t, objs...)
-		k.kubectl(t, append(ssa, "-k", example)...)
+		before := k.ResourceVersions(t, objs...)
+		k.Kubectl(t, append(ssa, "-k", example)...)
 		patchCmd(ns)
-		if after := k.resourceVersions(t, objs...); !mapsEqual(before, after) {
+		if after := k.ResourceVersions(t, objs...); !mapsEqual(before, after) {
 			t.Errorf("running our install again changed objects:\nbefore %v\nafter  %v", before, after)
 		}
 
 		// A Ceph-CSI upgrade the usual way: kubectl apply -f of the new
 		// provisioner manifest over the patched Deployment.
 		newImage := "quay.io/cephcsi/cephcsi:v3.14.0"
-		k.kubectl(t, "apply", "-f", upstreamYAML(t, tmp, ns, newImage))
-		got = k.deployment(t, ns, "csi-rbdplugin-provisioner")
+		k.Kubectl(t, "apply", "-f", upstreamYAML(t, tmp, ns, newImage))
+		got = deployment(t, k, ns, "csi-rbdplugin-provisioner")
 		t.Logf("after kubectl apply -f of the upgraded manifest: %v", got.Spec.Template.names())
 		checkInPod(t, got, upstream, newImage)
 
 		// kubectl replace (or delete and create) drops our containers; the
 		// README's one step puts them back.
-		k.kubectl(t, "replace", "-f", upstreamYAML(t, tmp, ns, newImage))
-		got = k.deployment(t, ns, "csi-rbdplugin-provisioner")
+		k.Kubectl(t, "replace", "-f", upstreamYAML(t, tmp, ns, newImage))
+		got = deployment(t, k, ns, "csi-rbdplugin-provisioner")
 		t.Logf("after kubectl replace -f: %v", got.Spec.Template.names())
 		if slices.Contains(got.Spec.Template.names(), "rbd-snapshot-metadata") {
 			t.Errorf("kubectl replace kept our container: the README's warning is wrong")
 		}
 		patchCmd(ns)
-		checkInPod(t, k.deployment(t, ns, "csi-rbdplugin-provisioner"), upstream, newImage)
+		checkInPod(t, deployment(t, k, ns, "csi-rbdplugin-provisioner"), upstream, newImage)
 	})
 
 	// ---- The same with Ceph-CSI applied server-side, cert-manager issuing
@@ -358,32 +290,32 @@ func TestK8sDeploy(t *testing.T) {
 	t.Run("cert-manager", func(t *testing.T) {
 		const ns = "ceph-csi-ssa"
 		up := upstreamYAML(t, tmp, ns, "")
-		upstream := k.parsePod(t, up)
-		k.cephCSIPrereqs(t, ns)
-		k.kubectl(t, "apply", "--server-side", "-f", up)
-		k.certManagerCRDs(t)
+		upstream := parsePod(t, k, up)
+		cephCSIPrereqs(t, k, ns)
+		k.Kubectl(t, "apply", "--server-side", "-f", up)
+		certManagerCRDs(t, k)
 		example := filepath.Join(root, "examples/cert-manager")
 		setNamespace(t, example, ns)
 		genCerts(t, root, "cert-manager", ns)
-		k.kubectl(t, append(ssa, "-k", example)...)
+		k.Kubectl(t, append(ssa, "-k", example)...)
 		patchCmd(ns)
-		checkInPod(t, k.deployment(t, ns, "csi-rbdplugin-provisioner"), upstream, "")
+		checkInPod(t, deployment(t, k, ns, "csi-rbdplugin-provisioner"), upstream, "")
 		newImage := "quay.io/cephcsi/cephcsi:v3.14.0"
-		k.kubectl(t, "apply", "--server-side", "-f", upstreamYAML(t, tmp, ns, newImage))
-		got := k.deployment(t, ns, "csi-rbdplugin-provisioner")
+		k.Kubectl(t, "apply", "--server-side", "-f", upstreamYAML(t, tmp, ns, newImage))
+		got := deployment(t, k, ns, "csi-rbdplugin-provisioner")
 		t.Logf("after kubectl apply --server-side -f of the upgraded manifest: %v", got.Spec.Template.names())
 		checkInPod(t, got, upstream, newImage)
 		var cert struct {
 			Spec struct{ DNSNames []string }
 		}
-		k.getJSON(t, &cert, "-n", ns, "certificate", "csi-rbdplugin-snapshot-metadata")
+		k.GetJSON(t, &cert, "-n", ns, "certificate", "csi-rbdplugin-snapshot-metadata")
 		if !slices.Contains(cert.Spec.DNSNames, "csi-rbdplugin-snapshot-metadata."+ns) {
 			t.Errorf("Certificate dnsNames %v", cert.Spec.DNSNames)
 		}
 		// One SnapshotMetadataService per driver: this install's CR took
 		// over the ceph-csi one's (same name); delete it to leave the
 		// driver's name free for the next installs.
-		k.kubectl(t, "delete", "-k", example)
+		k.Kubectl(t, "delete", "-k", example)
 	})
 
 	// ---- Standalone Deployments next to Rook and ceph-csi-operator. They
@@ -397,17 +329,17 @@ func TestK8sDeploy(t *testing.T) {
 		{"ceph-csi-operator", "ceph-csi-operator-system", "rbd.csi.ceph.com", "ceph-csi-config", "config.json"},
 	} {
 		t.Run(c.example, func(t *testing.T) {
-			k.kubectl(t, "create", "namespace", c.ns)
-			k.kubectl(t, "-n", c.ns, "create", "configmap", c.configMap, "--from-literal="+c.key+`=[{"clusterID":"c1","monitors":["192.0.2.1:6789"]}]`)
+			k.Kubectl(t, "create", "namespace", c.ns)
+			k.Kubectl(t, "-n", c.ns, "create", "configmap", c.configMap, "--from-literal="+c.key+`=[{"clusterID":"c1","monitors":["192.0.2.1:6789"]}]`)
 			if c.example == "rook" {
-				k.kubectl(t, "-n", c.ns, "create", "configmap", "rook-ceph-csi-config", "--from-literal=csi-cluster-config-json=[]")
+				k.Kubectl(t, "-n", c.ns, "create", "configmap", "rook-ceph-csi-config", "--from-literal=csi-cluster-config-json=[]")
 			}
-			writeFile(t, filepath.Join(tmp, c.example+"-csidriver.yaml"), "apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {name: "+c.driver+"}\nspec: {attachRequired: true, podInfoOnMount: false}\n")
-			k.kubectl(t, "apply", "-f", filepath.Join(tmp, c.example+"-csidriver.yaml"))
+			kube.WriteFile(t, filepath.Join(tmp, c.example+"-csidriver.yaml"), "apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {name: "+c.driver+"}\nspec: {attachRequired: true, podInfoOnMount: false}\n")
+			k.Kubectl(t, "apply", "-f", filepath.Join(tmp, c.example+"-csidriver.yaml"))
 			example := filepath.Join(root, "examples", c.example)
 			genCerts(t, root, c.example, c.ns)
-			k.kubectl(t, append(ssa, "-k", example)...)
-			got := k.deployment(t, c.ns, "rbd-snapshot-metadata")
+			k.Kubectl(t, append(ssa, "-k", example)...)
+			got := deployment(t, k, c.ns, "rbd-snapshot-metadata")
 			pod := &got.Spec.Template
 			if !slices.Equal(pod.names(), []string{"rbd-snapshot-metadata", "csi-snapshot-metadata"}) {
 				t.Errorf("containers %v", pod.names())
@@ -422,15 +354,15 @@ func TestK8sDeploy(t *testing.T) {
 					}
 				}
 			}
-			k.kubectl(t, "get", "csidriver", c.driver)
-			k.kubectl(t, "get", "snapshotmetadataservice", c.driver)
+			k.Kubectl(t, "get", "csidriver", c.driver)
+			k.Kubectl(t, "get", "snapshotmetadataservice", c.driver)
 			// The config our server reads is the one the installer fills.
 			for _, v := range pod.Spec.Volumes {
 				if v.Name != "ceph-csi-config" {
 					continue
 				}
 				var cm struct{ Data map[string]string }
-				k.getJSON(t, &cm, "-n", c.ns, "configmap", v.ConfigMap.Name)
+				k.GetJSON(t, &cm, "-n", c.ns, "configmap", v.ConfigMap.Name)
 				key := "config.json"
 				for _, it := range v.ConfigMap.Items {
 					if it.Path == "config.json" {
@@ -442,9 +374,9 @@ func TestK8sDeploy(t *testing.T) {
 				}
 			}
 			objs := []string{"-n", c.ns, "deployment,service,secret,configmap,serviceaccount,snapshotmetadataservice,clusterrole,clusterrolebinding"}
-			before := k.resourceVersions(t, objs...)
-			k.kubectl(t, append(ssa, "-k", example)...)
-			if after := k.resourceVersions(t, objs...); !mapsEqual(before, after) {
+			before := k.ResourceVersions(t, objs...)
+			k.Kubectl(t, append(ssa, "-k", example)...)
+			if after := k.ResourceVersions(t, objs...); !mapsEqual(before, after) {
 				t.Errorf("running our install again changed objects:\nbefore %v\nafter  %v", before, after)
 			}
 		})
@@ -462,17 +394,17 @@ func TestK8sDeploy(t *testing.T) {
 			} {
 				// The RBAC authorizer sees new bindings through an
 				// informer: on a loaded machine, ask again for a while.
-				ok := k.allowed(t, sa[0], sa[1], r[0], r[1], r[2])
+				ok := k.Allowed(t, sa[0], sa[1], r[0], r[1], r[2])
 				for t0 := time.Now(); !ok && time.Since(t0) < 30*time.Second; {
 					time.Sleep(time.Second)
-					ok = k.allowed(t, sa[0], sa[1], r[0], r[1], r[2])
+					ok = k.Allowed(t, sa[0], sa[1], r[0], r[1], r[2])
 				}
 				if !ok {
 					t.Errorf("%s/%s may not %s %s.%s", sa[0], sa[1], r[0], r[2], r[1])
 				}
 			}
 			// and nothing more than it needs.
-			if k.allowed(t, sa[0], sa[1], "delete", "", "secrets") {
+			if k.Allowed(t, sa[0], sa[1], "delete", "", "secrets") {
 				t.Errorf("%s/%s may delete secrets", sa[0], sa[1])
 			}
 		}
@@ -502,13 +434,13 @@ func setNamespace(t *testing.T, example, ns string) {
 		t.Fatal(err)
 	}
 	s := strings.Replace(string(b), "\nnamespace: ceph-csi-rbd\n", "\nnamespace: "+ns+"\n", 1)
-	writeFile(t, p, s)
+	kube.WriteFile(t, p, s)
 }
 
 // certManagerCRDs: Issuer and Certificate (cert-manager.io/v1) with open
 // schemas, so that the cert-manager example applies; cert-manager itself
 // is not run here.
-func (k *k8sEnv) certManagerCRDs(t *testing.T) {
+func certManagerCRDs(t *testing.T, k *kube.Env) {
 	t.Helper()
 	var docs []string
 	for _, kind := range []string{"Issuer", "Certificate"} {
@@ -528,8 +460,8 @@ spec:
         openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
 `)
 	}
-	p := filepath.Join(k.dir, "cert-manager-crds.yaml")
-	writeFile(t, p, strings.Join(docs, "---\n"))
-	k.kubectl(t, "apply", "-f", p)
-	k.kubectl(t, "wait", "--for=condition=Established", "crd/issuers.cert-manager.io", "crd/certificates.cert-manager.io", "--timeout=60s")
+	p := filepath.Join(k.Dir, "cert-manager-crds.yaml")
+	kube.WriteFile(t, p, strings.Join(docs, "---\n"))
+	k.Kubectl(t, "apply", "-f", p)
+	k.Kubectl(t, "wait", "--for=condition=Established", "crd/issuers.cert-manager.io", "crd/certificates.cert-manager.io", "--timeout=60s")
 }

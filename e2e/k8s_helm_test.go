@@ -20,8 +20,6 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -29,46 +27,11 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/harness/kube"
 )
 
 const chartImage = "registry.example.com/rbd-snapshot-metadata"
-
-// helm runs the real helm against the test's API server as admin.
-func (k *k8sEnv) helm(t *testing.T, args ...string) string {
-	t.Helper()
-	out, err := k.helmErr(t, args...)
-	if err != nil {
-		t.Fatalf("helm %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return out
-}
-
-func (k *k8sEnv) helmErr(t *testing.T, args ...string) (string, error) {
-	t.Helper()
-	bin := os.Getenv("RSM_HELM_BIN")
-	if msg := os.Getenv("RSM_HELM_BUILD_ERROR"); bin == "" && msg != "" {
-		t.Fatal(msg)
-	}
-	if bin == "" {
-		t.Fatal("RSM_HELM_BIN is not set: run e2e/run-e2e.sh (./dev.sh e2e), or export RSM_HELM_BIN=$(e2e/k8s/k8s.sh helm) and add it to RSM_BIND")
-	}
-	cfg := filepath.Join(k.dir, "admin.kubeconfig")
-	if _, err := os.Stat(cfg); err != nil {
-		k.kubeconfig(t, "admin", "")
-	}
-	home := filepath.Join(k.dir, "helm-home")
-	cmd := exec.Command(filepath.Join(bin, "helm"), args...)
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+cfg, "HELM_CACHE_HOME="+home+"/cache",
-		"HELM_CONFIG_HOME="+home+"/config", "HELM_DATA_HOME="+home+"/data")
-	t0 := time.Now()
-	out, err := cmd.CombinedOutput()
-	s := strings.TrimRight(string(out), "\n")
-	if len(s) > 1500 {
-		s = s[:1500] + "\n[...]"
-	}
-	t.Logf("$ helm %s (%.1fs)\n%s", strings.Join(args, " "), time.Since(t0).Seconds(), s)
-	return string(out), err
-}
 
 // kobj is one object, decoded from kubectl's JSON.
 type kobj = map[string]any
@@ -76,11 +39,11 @@ type kobj = map[string]any
 // objectsOf decodes a multi-document manifest with kubectl (client-side dry
 // run: kubectl's own decoding, without defaults) into objects by
 // "Kind namespace/name".
-func (k *k8sEnv) objectsOf(t *testing.T, manifest string) map[string]kobj {
+func objectsOf(t *testing.T, k *kube.Env, manifest string) map[string]kobj {
 	t.Helper()
-	p := filepath.Join(k.dir, fmt.Sprintf("manifest-%d.yaml", time.Now().UnixNano()))
-	writeFile(t, p, manifest)
-	out, err := k.kubectlErr(t, "create", "--dry-run=client", "-o", "json", "-f", p)
+	p := filepath.Join(k.Dir, fmt.Sprintf("manifest-%d.yaml", time.Now().UnixNano()))
+	kube.WriteFile(t, p, manifest)
+	out, err := k.KubectlErr(t, "create", "--dry-run=client", "-o", "json", "-f", p)
 	if err != nil {
 		t.Fatalf("kubectl create --dry-run=client: %v\n%s", err, out)
 	}
@@ -209,21 +172,21 @@ func chartSet(kv ...string) []string {
 
 func TestK8sHelm(t *testing.T) {
 	t0 := time.Now()
-	k := startControlPlane(t)
-	k.certManagerCRDs(t)
+	k := kube.StartControlPlane(t)
+	certManagerCRDs(t, k)
 	root := deployTree(t)
 	chart := filepath.Join(root, "helm", "rbd-snapshot-metadata")
 	image := chartSet("image.repository="+chartImage, "image.tag=v0.1.0")
 
 	t.Run("lint", func(t *testing.T) {
-		k.helm(t, "lint", "--strict", chart)
-		k.helm(t, append([]string{"lint", "--strict", chart, "--set-file", "tls.caCert=" + filepath.Join(k.dir, "pki", "ca.crt")},
+		k.Helm(t, "lint", "--strict", chart)
+		k.Helm(t, append([]string{"lint", "--strict", chart, "--set-file", "tls.caCert=" + filepath.Join(k.Dir, "pki", "ca.crt")},
 			chartSet("tls.mode=certManager")...)...)
 		// A wrong mode or a missing CA is refused with a message, not rendered.
-		if out, err := k.helmErr(t, append([]string{"template", "x", chart}, chartSet("tls.mode=secret")...)...); err == nil || !strings.Contains(out, "tls.caCert") {
+		if out, err := k.HelmErr(t, append([]string{"template", "x", chart}, chartSet("tls.mode=secret")...)...); err == nil || !strings.Contains(out, "tls.caCert") {
 			t.Errorf("tls.mode=secret without tls.caCert: %v, want a refusal naming tls.caCert", err)
 		}
-		if out, err := k.helmErr(t, append([]string{"template", "x", chart}, chartSet("tls.mode=acme")...)...); err == nil || !strings.Contains(out, "want generate, secret or certManager") {
+		if out, err := k.HelmErr(t, append([]string{"template", "x", chart}, chartSet("tls.mode=acme")...)...); err == nil || !strings.Contains(out, "want generate, secret or certManager") {
 			t.Errorf("tls.mode=acme: %v, want a refusal", err)
 		}
 	})
@@ -239,7 +202,7 @@ func TestK8sHelm(t *testing.T) {
 		t.Run("same-as-kustomize/"+c.example, func(t *testing.T) {
 			genCerts(t, root, c.example, c.ns)
 			example := filepath.Join(root, "examples", c.example)
-			built := k.kubectl(t, "kustomize", example)
+			built := k.Kubectl(t, "kustomize", example)
 			caFile := filepath.Join(example, "certs", "ca.crt")
 			host := "csi-rbdplugin-snapshot-metadata." + c.ns
 			for _, mode := range []string{"generate", "secret"} {
@@ -248,8 +211,8 @@ func TestK8sHelm(t *testing.T) {
 				if mode == "secret" {
 					args = append(args, "--set", "tls.mode=secret", "--set-file", "tls.caCert="+caFile)
 				}
-				got := k.objectsOf(t, k.helm(t, args...))
-				want := k.objectsOf(t, built)
+				got := objectsOf(t, k, k.Helm(t, args...))
+				want := objectsOf(t, k, built)
 				sms := func(m map[string]kobj) kobj {
 					for key, o := range m {
 						if strings.HasPrefix(key, "SnapshotMetadataService ") {
@@ -317,10 +280,10 @@ func TestK8sHelm(t *testing.T) {
 		const ns = "ceph-csi-rbd"
 		genCerts(t, root, "cert-manager", ns)
 		example := filepath.Join(root, "examples", "cert-manager")
-		kust := k.objectsOf(t, k.kubectl(t, "kustomize", example))
+		kust := objectsOf(t, k, k.Kubectl(t, "kustomize", example))
 		args := append([]string{"template", "rsm", chart, "-n", ns, "--set", "tls.mode=certManager",
 			"--set-file", "tls.caCert=" + filepath.Join(example, "certs", "ca.crt")}, image...)
-		got := k.objectsOf(t, k.helm(t, args...))
+		got := objectsOf(t, k, k.Helm(t, args...))
 		for _, key := range []string{"Issuer " + ns + "/csi-rbdplugin-snapshot-metadata-ca", "Certificate " + ns + "/csi-rbdplugin-snapshot-metadata", "SnapshotMetadataService /rbd.csi.ceph.com"} {
 			h, w := got[key], kust[key]
 			if h == nil || w == nil {
@@ -354,14 +317,14 @@ func TestK8sHelm(t *testing.T) {
 	read := func(t *testing.T) state {
 		t.Helper()
 		var s state
-		s.rv = k.resourceVersions(t, objs...)
+		s.rv = k.ResourceVersions(t, objs...)
 		var sec, ca kobj
-		k.getJSON(t, &sec, "-n", ns, "secret", "csi-rbdplugin-snapshot-metadata-tls")
-		k.getJSON(t, &ca, "-n", ns, "secret", "csi-rbdplugin-snapshot-metadata-ca-keypair")
+		k.GetJSON(t, &sec, "-n", ns, "secret", "csi-rbdplugin-snapshot-metadata-tls")
+		k.GetJSON(t, &ca, "-n", ns, "secret", "csi-rbdplugin-snapshot-metadata-ca-keypair")
 		var sms struct {
 			Spec struct{ Address, CACert, Audience string }
 		}
-		k.getJSON(t, &sms, "snapshotmetadataservice", "rbd.csi.ceph.com")
+		k.GetJSON(t, &sms, "snapshotmetadataservice", "rbd.csi.ceph.com")
 		if sms.Spec.Address != host+":6443" || sms.Spec.Audience != "rbd.csi.ceph.com" {
 			t.Errorf("SnapshotMetadataService %+v", sms.Spec)
 		}
@@ -375,7 +338,7 @@ func TestK8sHelm(t *testing.T) {
 		ann := sec["metadata"].(kobj)["annotations"].(kobj)
 		s.notAfter, _ = ann["rbd-snapshot-metadata/not-after"].(string)
 		s.dnsNames, _ = ann["rbd-snapshot-metadata/dns-names"].(string)
-		d := k.deployment(t, ns, "rbd-snapshot-metadata")
+		d := deployment(t, k, ns, "rbd-snapshot-metadata")
 		for _, c := range d.Spec.Template.Spec.Containers {
 			s.args = append(s.args, c.Args...)
 		}
@@ -394,10 +357,10 @@ func TestK8sHelm(t *testing.T) {
 	}
 	var first state
 	t.Run("install", func(t *testing.T) {
-		k.kubectl(t, "create", "namespace", ns)
-		k.kubectl(t, "-n", ns, "create", "configmap", "ceph-csi-config", `--from-literal=config.json=[{"clusterID":"c1","monitors":["192.0.2.1:6789"]}]`)
+		k.Kubectl(t, "create", "namespace", ns)
+		k.Kubectl(t, "-n", ns, "create", "configmap", "ceph-csi-config", `--from-literal=config.json=[{"clusterID":"c1","monitors":["192.0.2.1:6789"]}]`)
 		// deploy/README.md's Helm route.
-		k.helm(t, append([]string{"install", "rsm", chart, "-n", ns}, image...)...)
+		k.Helm(t, append([]string{"install", "rsm", chart, "-n", ns}, image...)...)
 		first = read(t)
 		if !slices.Contains(first.args, "--max-streaming-duration-min=120") || !slices.Contains(first.args, "--v=2") {
 			t.Errorf("args %q", first.args)
@@ -408,16 +371,16 @@ func TestK8sHelm(t *testing.T) {
 			{"get", "", "secrets"},
 			{"list", "cbt.storage.k8s.io", "snapshotmetadataservices"},
 		} {
-			if !k.allowed(t, ns, "rbd-snapshot-metadata", r[0], r[1], r[2]) {
+			if !k.Allowed(t, ns, "rbd-snapshot-metadata", r[0], r[1], r[2]) {
 				t.Errorf("%s/rbd-snapshot-metadata may not %s %s.%s", ns, r[0], r[2], r[1])
 			}
 		}
-		k.helm(t, "status", "rsm", "-n", ns)
+		k.Helm(t, "status", "rsm", "-n", ns)
 	})
 
 	t.Run("upgrade", func(t *testing.T) {
 		// A changed value: the Deployment changes, the certificate and CA stay.
-		k.helm(t, append(append([]string{"upgrade", "rsm", chart, "-n", ns}, image...), chartSet("server.logLevel=4")...)...)
+		k.Helm(t, append(append([]string{"upgrade", "rsm", chart, "-n", ns}, image...), chartSet("server.logLevel=4")...)...)
 		s := read(t)
 		if !slices.Contains(s.args, "--v=4") {
 			t.Errorf("after upgrade with server.logLevel=4: args %q", s.args)
@@ -431,7 +394,7 @@ func TestK8sHelm(t *testing.T) {
 			t.Errorf("objects changed by the upgrade: %v, want only the Deployment", ch)
 		}
 		// The same values again: nothing is written.
-		k.helm(t, append(append([]string{"upgrade", "rsm", chart, "-n", ns}, image...), chartSet("server.logLevel=4")...)...)
+		k.Helm(t, append(append([]string{"upgrade", "rsm", chart, "-n", ns}, image...), chartSet("server.logLevel=4")...)...)
 		if again := read(t); len(changed(s.rv, again.rv)) != 0 {
 			t.Errorf("an upgrade with the same values wrote %v", changed(s.rv, again.rv))
 		}
@@ -442,7 +405,7 @@ func TestK8sHelm(t *testing.T) {
 		// A certificate within renewDays of its end (here: renewDays beyond
 		// its whole validity) is issued again at the next upgrade, from the
 		// same CA: caCert stays, clients need nothing new.
-		k.helm(t, append(append([]string{"upgrade", "rsm", chart, "-n", ns, "--reuse-values"}, image...), chartSet("tls.generate.renewDays=366")...)...)
+		k.Helm(t, append(append([]string{"upgrade", "rsm", chart, "-n", ns, "--reuse-values"}, image...), chartSet("tls.generate.renewDays=366")...)...)
 		s := read(t)
 		if s.tlsData == first.tlsData || s.leafSerial == first.leafSerial {
 			t.Errorf("the certificate was not issued again")
@@ -451,7 +414,7 @@ func TestK8sHelm(t *testing.T) {
 			t.Errorf("renewing the certificate changed the CA")
 		}
 		t.Logf("renewed: serial %s -> %s, not-after %s -> %s, CA kept; objects written: %v", first.leafSerial, s.leafSerial, first.notAfter, s.notAfter, changed(first.rv, s.rv))
-		k.helm(t, append(append([]string{"upgrade", "rsm", chart, "-n", ns, "--reuse-values"}, image...), chartSet("tls.generate.renewDays=30")...)...)
+		k.Helm(t, append(append([]string{"upgrade", "rsm", chart, "-n", ns, "--reuse-values"}, image...), chartSet("tls.generate.renewDays=30")...)...)
 		first = read(t)
 		if first.tlsData != s.tlsData {
 			t.Errorf("an upgrade with the certificate far from its end issued it again")
@@ -459,8 +422,8 @@ func TestK8sHelm(t *testing.T) {
 
 		// CA rotation: delete the CA's Secret and upgrade: a new CA, a new
 		// certificate from it, and the CR's caCert, in one upgrade.
-		k.kubectl(t, "-n", ns, "delete", "secret", "csi-rbdplugin-snapshot-metadata-ca-keypair")
-		k.helm(t, append([]string{"upgrade", "rsm", chart, "-n", ns, "--reuse-values"}, image...)...)
+		k.Kubectl(t, "-n", ns, "delete", "secret", "csi-rbdplugin-snapshot-metadata-ca-keypair")
+		k.Helm(t, append([]string{"upgrade", "rsm", chart, "-n", ns, "--reuse-values"}, image...)...)
 		r := read(t)
 		if r.caData == first.caData || r.caCert == first.caCert || r.tlsData == first.tlsData {
 			t.Errorf("deleting the CA and upgrading did not rotate CA, caCert and certificate")
@@ -469,11 +432,11 @@ func TestK8sHelm(t *testing.T) {
 	})
 
 	t.Run("second-namespace", func(t *testing.T) {
-		k.kubectl(t, "create", "namespace", ns2)
-		k.kubectl(t, "-n", ns2, "create", "configmap", "rook-ceph-csi-config", `--from-literal=csi-cluster-config-json=[{"clusterID":"c2","monitors":["192.0.2.2:6789"]}]`)
+		k.Kubectl(t, "create", "namespace", ns2)
+		k.Kubectl(t, "-n", ns2, "create", "configmap", "rook-ceph-csi-config", `--from-literal=csi-cluster-config-json=[{"clusterID":"c2","monitors":["192.0.2.2:6789"]}]`)
 		// The same driver in another namespace: one SnapshotMetadataService
 		// per driver, so Helm refuses to take the first release's CR.
-		out, err := k.helmErr(t, append([]string{"install", "rsm", chart, "-n", ns2}, image...)...)
+		out, err := k.HelmErr(t, append([]string{"install", "rsm", chart, "-n", ns2}, image...)...)
 		if err == nil || !strings.Contains(out, "SnapshotMetadataService") || !strings.Contains(out, "rbd.csi.ceph.com") {
 			t.Errorf("a second release for driver rbd.csi.ceph.com: %v, want a refusal naming the SnapshotMetadataService", err)
 		}
@@ -481,31 +444,31 @@ func TestK8sHelm(t *testing.T) {
 			t.Errorf("the refused install changed the first one: %v", changed(first.rv, again.rv))
 		}
 		// Another driver, older Rook's ConfigMap and key.
-		k.helm(t, append(append([]string{"install", "rsm", chart, "-n", ns2}, image...),
+		k.Helm(t, append(append([]string{"install", "rsm", chart, "-n", ns2}, image...),
 			chartSet("driverName="+ns2+".rbd.csi.ceph.com", "cephCSIConfig.configMapName=rook-ceph-csi-config", "cephCSIConfig.key=csi-cluster-config-json")...)...)
-		d := k.deployment(t, ns2, "rbd-snapshot-metadata")
+		d := deployment(t, k, ns2, "rbd-snapshot-metadata")
 		for _, v := range d.Spec.Template.Spec.Volumes {
 			if v.Name == "ceph-csi-config" && (v.ConfigMap == nil || v.ConfigMap.Name != "rook-ceph-csi-config" || len(v.ConfigMap.Items) != 1 || v.ConfigMap.Items[0].Key != "csi-cluster-config-json" || v.ConfigMap.Items[0].Path != "config.json") {
 				t.Errorf("ceph-csi-config volume %+v", v.ConfigMap)
 			}
 		}
-		k.kubectl(t, "get", "snapshotmetadataservice", ns2+".rbd.csi.ceph.com")
+		k.Kubectl(t, "get", "snapshotmetadataservice", ns2+".rbd.csi.ceph.com")
 		for _, n := range []string{ns, ns2} {
-			if !k.allowed(t, n, "rbd-snapshot-metadata", "create", "authentication.k8s.io", "tokenreviews") {
+			if !k.Allowed(t, n, "rbd-snapshot-metadata", "create", "authentication.k8s.io", "tokenreviews") {
 				t.Errorf("%s's sidecar lost its RBAC", n)
 			}
 		}
 	})
 
 	t.Run("uninstall", func(t *testing.T) {
-		k.helm(t, "uninstall", "rsm", "-n", ns2)
-		left := k.kubectl(t, "get", "clusterrole,clusterrolebinding,snapshotmetadataservice", "-o", "name")
+		k.Helm(t, "uninstall", "rsm", "-n", ns2)
+		left := k.Kubectl(t, "get", "clusterrole,clusterrolebinding,snapshotmetadataservice", "-o", "name")
 		for _, n := range []string{"rbd-snapshot-metadata:" + ns2 + ":sidecar", "rbd-snapshot-metadata:" + ns2 + ":client", ns2 + ".rbd.csi.ceph.com"} {
 			if strings.Contains(left, n) {
 				t.Errorf("%s is left after uninstall", n)
 			}
 		}
-		for _, l := range strings.Split(k.kubectl(t, "-n", ns2, "get", "deployment,service,secret,serviceaccount", "-o", "name"), "\n") {
+		for _, l := range strings.Split(k.Kubectl(t, "-n", ns2, "get", "deployment,service,secret,serviceaccount", "-o", "name"), "\n") {
 			if strings.Contains(l, "/") {
 				t.Errorf("left in %s after uninstall: %s", ns2, l)
 			}
@@ -514,11 +477,11 @@ func TestK8sHelm(t *testing.T) {
 		if again := read(t); len(changed(first.rv, again.rv)) != 0 {
 			t.Errorf("uninstalling the second release changed the first: %v", changed(first.rv, again.rv))
 		}
-		if !k.allowed(t, ns, "rbd-snapshot-metadata", "create", "authentication.k8s.io", "tokenreviews") {
+		if !k.Allowed(t, ns, "rbd-snapshot-metadata", "create", "authentication.k8s.io", "tokenreviews") {
 			t.Errorf("%s's sidecar lost its RBAC", ns)
 		}
-		k.helm(t, "uninstall", "rsm", "-n", ns)
-		if out, err := k.kubectlErr(t, "get", "snapshotmetadataservice", "rbd.csi.ceph.com"); err == nil || !bytes.Contains([]byte(out), []byte("NotFound")) {
+		k.Helm(t, "uninstall", "rsm", "-n", ns)
+		if out, err := k.KubectlErr(t, "get", "snapshotmetadataservice", "rbd.csi.ceph.com"); err == nil || !bytes.Contains([]byte(out), []byte("NotFound")) {
 			t.Errorf("the CR is left after uninstall: %v", err)
 		}
 	})
