@@ -645,169 +645,214 @@ func socketPath(addr string) string { return strings.TrimPrefix(addr, "unix://")
 // returns the injected sidecar's args and mounts for the log.
 func checkOperatorWrote(t *testing.T, k *kube.Env, r opRoute) string {
 	t.Helper()
-	var list struct{ Items []opWorkload }
-	k.GetJSON(t, &list, "-n", r.ns, "deployments,daemonsets")
-	secrets := map[string]map[string]string{}
-	var sl struct {
-		Items []struct {
-			Metadata struct{ Name string }
-			Data     map[string]string
-		}
-	}
-	k.GetJSON(t, &sl, "-n", r.ns, "secrets")
-	for _, s := range sl.Items {
-		secrets[s.Metadata.Name] = s.Data
-	}
-	cms := map[string]map[string]string{}
-	var cl struct {
-		Items []struct {
-			Metadata struct{ Name string }
-			Data     map[string]string
-		}
-	}
-	k.GetJSON(t, &cl, "-n", r.ns, "configmaps")
-	for _, c := range cl.Items {
-		cms[c.Metadata.Name] = c.Data
-	}
-	sas := map[string]bool{}
-	var sal struct {
-		Items []struct{ Metadata struct{ Name string } }
-	}
-	k.GetJSON(t, &sal, "-n", r.ns, "serviceaccounts")
-	for _, s := range sal.Items {
-		sas[s.Metadata.Name] = true
-	}
-
+	ns := readOpNamespace(t, k, r.ns)
 	var report strings.Builder
 	managed := 0
-	for _, w := range list.Items {
+	for _, w := range ns.workloads {
 		owned := slices.ContainsFunc(w.Metadata.OwnerReferences, func(o struct{ Kind, Name string }) bool {
 			return o.Kind == "Driver" && o.Name == r.driver
 		})
 		if owned {
 			managed++
 		}
-		what := w.Kind + " " + w.Metadata.Name
-		ps := w.Spec.Template.Spec
-		vols := map[string]opVolume{}
-		for _, v := range ps.Volumes {
-			vols[v.Name] = v
-		}
-		if sa := ps.ServiceAccountName; sa != "" && !sas[sa] {
-			t.Errorf("%s: ServiceAccount %s does not exist", what, sa)
-		}
-		for _, v := range ps.Volumes {
-			switch {
-			case v.Secret != nil:
-				if _, ok := secrets[v.Secret.SecretName]; !ok && !ptrTrue(v.Secret.Optional) {
-					t.Errorf("%s: volume %s: Secret %s does not exist", what, v.Name, v.Secret.SecretName)
-				}
-			case v.ConfigMap != nil:
-				if _, ok := cms[v.ConfigMap.Name]; !ok && !ptrTrue(v.ConfigMap.Optional) {
-					t.Errorf("%s: volume %s: ConfigMap %s does not exist", what, v.Name, v.ConfigMap.Name)
-				}
-			case v.Projected != nil:
-				for _, s := range v.Projected.Sources {
-					if s.Secret != nil && !ptrTrue(s.Secret.Optional) {
-						if _, ok := secrets[s.Secret.Name]; !ok {
-							t.Errorf("%s: volume %s: Secret %s does not exist", what, v.Name, s.Secret.Name)
-						}
-					}
-					if s.ConfigMap != nil && !ptrTrue(s.ConfigMap.Optional) {
-						if _, ok := cms[s.ConfigMap.Name]; !ok {
-							t.Errorf("%s: volume %s: ConfigMap %s does not exist", what, v.Name, s.ConfigMap.Name)
-						}
-					}
-				}
-			}
-		}
-		for _, c := range append(slices.Clone(ps.InitContainers), ps.Containers...) {
-			for _, m := range c.VolumeMounts {
-				if _, ok := vols[m.Name]; !ok {
-					t.Errorf("%s: container %s mounts %s at %s: the pod has no such volume", what, c.Name, m.Name, m.MountPath)
-				}
-			}
-			for _, e := range c.Env {
-				if e.ValueFrom == nil {
-					continue
-				}
-				if r := e.ValueFrom.SecretKeyRef; r != nil {
-					if _, ok := secrets[r.Name][r.Key]; !ok {
-						t.Errorf("%s: container %s env %s: Secret %s key %s does not exist", what, c.Name, e.Name, r.Name, r.Key)
-					}
-				}
-				if r := e.ValueFrom.ConfigMapKeyRef; r != nil {
-					if _, ok := cms[r.Name][r.Key]; !ok {
-						t.Errorf("%s: container %s env %s: ConfigMap %s key %s does not exist", what, c.Name, e.Name, r.Name, r.Key)
-					}
-				}
-			}
-			if !strings.Contains(c.Image, "csi-snapshot-metadata") {
-				continue
-			}
-			// A snapshot-metadata sidecar.
-			fmt.Fprintf(&report, "  %s, container %s (%s)\n    args:", what, c.Name, c.Image)
-			for _, a := range c.Args {
-				fmt.Fprintf(&report, " %s", a)
-			}
-			report.WriteString("\n    volumeMounts:")
-			for _, m := range c.VolumeMounts {
-				src := "?"
-				if v, ok := vols[m.Name]; ok {
-					src = volumeSource(v)
-				}
-				fmt.Fprintf(&report, " %s→%s (%s)", m.Name, m.MountPath, src)
-			}
-			report.WriteString("\n")
-			for _, f := range []string{"--tls-cert", "--tls-key"} {
-				p, ok := argValue(c.Args, f)
-				if !ok {
-					t.Errorf("%s: sidecar %s has no %s", what, c.Name, f)
-					continue
-				}
-				m, rel, ok := mountFor(c, p)
-				if !ok {
-					t.Errorf("%s: sidecar %s: %s=%s, but nothing is mounted there: the sidecar exits at start and the pod never becomes Ready", what, c.Name, f, p)
-					continue
-				}
-				v := vols[m.Name]
-				if v.Secret == nil {
-					t.Errorf("%s: sidecar %s: %s=%s is in volume %s, not a Secret", what, c.Name, f, p, m.Name)
-					continue
-				}
-				key := rel
-				for _, it := range v.Secret.Items {
-					if it.Path == rel {
-						key = it.Key
-					}
-				}
-				if _, ok := secrets[v.Secret.SecretName][key]; !ok {
-					t.Errorf("%s: sidecar %s: %s=%s: Secret %s has no key %s", what, c.Name, f, p, v.Secret.SecretName, key)
-				}
-			}
-			addr, ok := argValue(c.Args, "--csi-address")
-			if !ok {
-				t.Errorf("%s: sidecar %s has no --csi-address", what, c.Name)
-				continue
-			}
-			sock := socketPath(addr)
-			m, _, ok := mountFor(c, sock)
-			if !ok {
-				t.Errorf("%s: sidecar %s: --csi-address=%s is in no mounted volume", what, c.Name, addr)
-				continue
-			}
-			server := snapshotMetadataServer(ps.Containers, m.Name, sock)
-			if server == "" {
-				t.Errorf("%s: sidecar %s: no container serves SnapshotMetadata on %s (volume %s)", what, c.Name, sock, m.Name)
-			}
-			fmt.Fprintf(&report, "    %s is served by %s\n", sock, server)
-		}
+		ns.checkWorkload(t, w, &report)
 	}
 	if managed < 2 {
 		t.Errorf("the operator manages %d Deployments/DaemonSets for %s, want its ctrlplugin and nodeplugin", managed, r.driver)
 	}
+	checkSMSReachesUs(t, k, r, ns, &report)
+	checkClusterConfigRead(t, r, ns, &report)
+	return report.String()
+}
 
-	// The SnapshotMetadataService: named after the driver, to OUR server.
+// opNamespace is what a route's namespace holds: its Deployments and
+// DaemonSets, and the Secrets, ConfigMaps (name to data) and
+// ServiceAccounts they may refer to.
+type opNamespace struct {
+	workloads []opWorkload
+	secrets   map[string]map[string]string
+	cms       map[string]map[string]string
+	sas       map[string]bool
+}
+
+// readOpNamespace reads namespace ns's workloads and what they refer to.
+func readOpNamespace(t *testing.T, k *kube.Env, ns string) opNamespace {
+	t.Helper()
+	var list struct{ Items []opWorkload }
+	k.GetJSON(t, &list, "-n", ns, "deployments,daemonsets")
+	o := opNamespace{workloads: list.Items, secrets: map[string]map[string]string{},
+		cms: map[string]map[string]string{}, sas: map[string]bool{}}
+	var sl struct {
+		Items []struct {
+			Metadata struct{ Name string }
+			Data     map[string]string
+		}
+	}
+	k.GetJSON(t, &sl, "-n", ns, "secrets")
+	for _, s := range sl.Items {
+		o.secrets[s.Metadata.Name] = s.Data
+	}
+	var cl struct {
+		Items []struct {
+			Metadata struct{ Name string }
+			Data     map[string]string
+		}
+	}
+	k.GetJSON(t, &cl, "-n", ns, "configmaps")
+	for _, c := range cl.Items {
+		o.cms[c.Metadata.Name] = c.Data
+	}
+	var sal struct {
+		Items []struct{ Metadata struct{ Name string } }
+	}
+	k.GetJSON(t, &sal, "-n", ns, "serviceaccounts")
+	for _, s := range sal.Items {
+		o.sas[s.Metadata.Name] = true
+	}
+	return o
+}
+
+// checkWorkload: everything workload w refers to exists (its
+// ServiceAccount, its volumes' Secrets and ConfigMaps, its containers'
+// volumes and env references), and each snapshot-metadata sidecar in it
+// can start and reaches a server; the sidecars go in the report.
+func (o opNamespace) checkWorkload(t *testing.T, w opWorkload, report *strings.Builder) {
+	t.Helper()
+	what := w.Kind + " " + w.Metadata.Name
+	ps := w.Spec.Template.Spec
+	vols := map[string]opVolume{}
+	for _, v := range ps.Volumes {
+		vols[v.Name] = v
+	}
+	if sa := ps.ServiceAccountName; sa != "" && !o.sas[sa] {
+		t.Errorf("%s: ServiceAccount %s does not exist", what, sa)
+	}
+	for _, v := range ps.Volumes {
+		o.checkVolume(t, what, v)
+	}
+	for _, c := range append(slices.Clone(ps.InitContainers), ps.Containers...) {
+		for _, m := range c.VolumeMounts {
+			if _, ok := vols[m.Name]; !ok {
+				t.Errorf("%s: container %s mounts %s at %s: the pod has no such volume", what, c.Name, m.Name, m.MountPath)
+			}
+		}
+		for _, e := range c.Env {
+			if e.ValueFrom == nil {
+				continue
+			}
+			if r := e.ValueFrom.SecretKeyRef; r != nil {
+				if _, ok := o.secrets[r.Name][r.Key]; !ok {
+					t.Errorf("%s: container %s env %s: Secret %s key %s does not exist", what, c.Name, e.Name, r.Name, r.Key)
+				}
+			}
+			if r := e.ValueFrom.ConfigMapKeyRef; r != nil {
+				if _, ok := o.cms[r.Name][r.Key]; !ok {
+					t.Errorf("%s: container %s env %s: ConfigMap %s key %s does not exist", what, c.Name, e.Name, r.Name, r.Key)
+				}
+			}
+		}
+		if strings.Contains(c.Image, "csi-snapshot-metadata") {
+			o.checkSidecar(t, what, c, ps.Containers, vols, report)
+		}
+	}
+}
+
+// checkVolume: the Secrets and ConfigMaps of volume v exist, unless
+// optional.
+func (o opNamespace) checkVolume(t *testing.T, what string, v opVolume) {
+	t.Helper()
+	switch {
+	case v.Secret != nil:
+		if _, ok := o.secrets[v.Secret.SecretName]; !ok && !ptrTrue(v.Secret.Optional) {
+			t.Errorf("%s: volume %s: Secret %s does not exist", what, v.Name, v.Secret.SecretName)
+		}
+	case v.ConfigMap != nil:
+		if _, ok := o.cms[v.ConfigMap.Name]; !ok && !ptrTrue(v.ConfigMap.Optional) {
+			t.Errorf("%s: volume %s: ConfigMap %s does not exist", what, v.Name, v.ConfigMap.Name)
+		}
+	case v.Projected != nil:
+		for _, s := range v.Projected.Sources {
+			if s.Secret != nil && !ptrTrue(s.Secret.Optional) {
+				if _, ok := o.secrets[s.Secret.Name]; !ok {
+					t.Errorf("%s: volume %s: Secret %s does not exist", what, v.Name, s.Secret.Name)
+				}
+			}
+			if s.ConfigMap != nil && !ptrTrue(s.ConfigMap.Optional) {
+				if _, ok := o.cms[s.ConfigMap.Name]; !ok {
+					t.Errorf("%s: volume %s: ConfigMap %s does not exist", what, v.Name, s.ConfigMap.Name)
+				}
+			}
+		}
+	}
+}
+
+// checkSidecar: snapshot-metadata sidecar c (of a pod with containers cs
+// and volumes vols) has its certificate and key from a Secret that holds
+// them, and a server on its --csi-address; it goes in the report.
+func (o opNamespace) checkSidecar(t *testing.T, what string, c opContainer, cs []opContainer, vols map[string]opVolume, report *strings.Builder) {
+	t.Helper()
+	fmt.Fprintf(report, "  %s, container %s (%s)\n    args:", what, c.Name, c.Image)
+	for _, a := range c.Args {
+		fmt.Fprintf(report, " %s", a)
+	}
+	report.WriteString("\n    volumeMounts:")
+	for _, m := range c.VolumeMounts {
+		src := "?"
+		if v, ok := vols[m.Name]; ok {
+			src = volumeSource(v)
+		}
+		fmt.Fprintf(report, " %s→%s (%s)", m.Name, m.MountPath, src)
+	}
+	report.WriteString("\n")
+	for _, f := range []string{"--tls-cert", "--tls-key"} {
+		p, ok := argValue(c.Args, f)
+		if !ok {
+			t.Errorf("%s: sidecar %s has no %s", what, c.Name, f)
+			continue
+		}
+		m, rel, ok := mountFor(c, p)
+		if !ok {
+			t.Errorf("%s: sidecar %s: %s=%s, but nothing is mounted there: the sidecar exits at start and the pod never becomes Ready", what, c.Name, f, p)
+			continue
+		}
+		v := vols[m.Name]
+		if v.Secret == nil {
+			t.Errorf("%s: sidecar %s: %s=%s is in volume %s, not a Secret", what, c.Name, f, p, m.Name)
+			continue
+		}
+		key := rel
+		for _, it := range v.Secret.Items {
+			if it.Path == rel {
+				key = it.Key
+			}
+		}
+		if _, ok := o.secrets[v.Secret.SecretName][key]; !ok {
+			t.Errorf("%s: sidecar %s: %s=%s: Secret %s has no key %s", what, c.Name, f, p, v.Secret.SecretName, key)
+		}
+	}
+	addr, ok := argValue(c.Args, "--csi-address")
+	if !ok {
+		t.Errorf("%s: sidecar %s has no --csi-address", what, c.Name)
+		return
+	}
+	sock := socketPath(addr)
+	m, _, ok := mountFor(c, sock)
+	if !ok {
+		t.Errorf("%s: sidecar %s: --csi-address=%s is in no mounted volume", what, c.Name, addr)
+		return
+	}
+	server := snapshotMetadataServer(cs, m.Name, sock)
+	if server == "" {
+		t.Errorf("%s: sidecar %s: no container serves SnapshotMetadata on %s (volume %s)", what, c.Name, sock, m.Name)
+	}
+	fmt.Fprintf(report, "    %s is served by %s\n", sock, server)
+}
+
+// checkSMSReachesUs: the SnapshotMetadataService, named after the driver,
+// leads through its Service to a sidecar in front of OUR server, whose
+// certificate its caCert verifies.
+func checkSMSReachesUs(t *testing.T, k *kube.Env, r opRoute, ns opNamespace, report *strings.Builder) {
+	t.Helper()
 	var sms struct {
 		Spec struct{ Address, CACert, Audience string }
 	}
@@ -839,7 +884,7 @@ func checkOperatorWrote(t *testing.T, k *kube.Env, r opRoute) string {
 		t.Fatalf("Service %s has no port %d", host, port)
 	}
 	var reached []string
-	for _, w := range list.Items {
+	for _, w := range ns.workloads {
 		pod := w.Spec.Template
 		if svcNS[1] != r.ns || len(svc.Spec.Selector) == 0 || !selects(svc.Spec.Selector, pod.Metadata.Labels) {
 			continue
@@ -855,32 +900,43 @@ func checkOperatorWrote(t *testing.T, k *kube.Env, r opRoute) string {
 			if !strings.HasPrefix(server, "rbd-snapshot-metadata") {
 				t.Errorf("SnapshotMetadataService %s reaches %s %s's sidecar in front of %q, not our server", r.driver, w.Kind, w.Metadata.Name, server)
 			}
-			// caCert verifies the sidecar's certificate for the CR's host.
-			cert, _ := argValue(c.Args, "--tls-cert")
-			cm, rel, _ := mountFor(c, cert)
-			var sec opVolume
-			for _, v := range pod.Spec.Volumes {
-				if v.Name == cm.Name {
-					sec = v
-				}
-			}
-			if sec.Secret == nil {
-				t.Errorf("our sidecar's certificate is not from a Secret")
-				continue
-			}
-			if err := verifyCert(sms.Spec.CACert, secrets[sec.Secret.SecretName][rel], svcNS[0]+"."+svcNS[1]); err != nil {
-				t.Errorf("SnapshotMetadataService %s: caCert does not verify the sidecar's certificate (Secret %s) for %s: %v",
-					r.driver, sec.Secret.SecretName, host, err)
-			}
+			ns.checkSidecarCert(t, r.driver, host, svcNS[0]+"."+svcNS[1], sms.Spec.CACert, c, pod.Spec.Volumes)
 		}
 	}
 	if len(reached) == 0 {
 		t.Errorf("SnapshotMetadataService %s (%s) reaches no snapshot-metadata sidecar", r.driver, sms.Spec.Address)
 	}
-	fmt.Fprintf(&report, "  SnapshotMetadataService %s → %s → %s\n", r.driver, sms.Spec.Address, strings.Join(reached, "; "))
+	fmt.Fprintf(report, "  SnapshotMetadataService %s → %s → %s\n", r.driver, sms.Spec.Address, strings.Join(reached, "; "))
+}
 
-	// The cluster config our server reads holds the operator's monitors.
-	for _, w := range list.Items {
+// checkSidecarCert: caCert (the CR's) verifies sidecar c's certificate,
+// from a Secret volume of its pod, for svcHost (the Service's
+// name.namespace; host is the CR's, for the message).
+func (o opNamespace) checkSidecarCert(t *testing.T, driver, host, svcHost, caCert string, c opContainer, vols []opVolume) {
+	t.Helper()
+	cert, _ := argValue(c.Args, "--tls-cert")
+	cm, rel, _ := mountFor(c, cert)
+	var sec opVolume
+	for _, v := range vols {
+		if v.Name == cm.Name {
+			sec = v
+		}
+	}
+	if sec.Secret == nil {
+		t.Errorf("our sidecar's certificate is not from a Secret")
+		return
+	}
+	if err := verifyCert(caCert, o.secrets[sec.Secret.SecretName][rel], svcHost); err != nil {
+		t.Errorf("SnapshotMetadataService %s: caCert does not verify the sidecar's certificate (Secret %s) for %s: %v",
+			driver, sec.Secret.SecretName, host, err)
+	}
+}
+
+// checkClusterConfigRead: the cluster config our server reads holds the
+// operator's monitors for the route's clusterID.
+func checkClusterConfigRead(t *testing.T, r opRoute, ns opNamespace, report *strings.Builder) {
+	t.Helper()
+	for _, w := range ns.workloads {
 		for _, c := range w.Spec.Template.Spec.Containers {
 			cfg, ok := argValue(c.Args, "--clusterconfig")
 			if !ok || !strings.HasPrefix(c.Name, "rbd-snapshot-metadata") {
@@ -907,7 +963,7 @@ func checkOperatorWrote(t *testing.T, k *kube.Env, r opRoute) string {
 				ClusterID string   `json:"clusterID"`
 				Monitors  []string `json:"monitors"`
 			}
-			raw := cms[v.ConfigMap.Name][key]
+			raw := ns.cms[v.ConfigMap.Name][key]
 			if err := json.Unmarshal([]byte(raw), &entries); err != nil {
 				t.Errorf("ConfigMap %s key %s: %v: %q", v.ConfigMap.Name, key, err, raw)
 			}
@@ -921,11 +977,10 @@ func checkOperatorWrote(t *testing.T, k *kube.Env, r opRoute) string {
 				t.Errorf("our server reads ConfigMap %s key %s: %s; want clusterID %s with the CephConnection's monitors %v",
 					v.ConfigMap.Name, key, raw, r.clusterID, r.monitors)
 			} else {
-				fmt.Fprintf(&report, "  our server reads ConfigMap %s key %s: clusterID %s, monitors %v\n", v.ConfigMap.Name, key, r.clusterID, entries[i].Monitors)
+				fmt.Fprintf(report, "  our server reads ConfigMap %s key %s: clusterID %s, monitors %v\n", v.ConfigMap.Name, key, r.clusterID, entries[i].Monitors)
 			}
 		}
 	}
-	return report.String()
 }
 
 func must1(s string, _ bool) string { return s }
