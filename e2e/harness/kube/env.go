@@ -157,7 +157,17 @@ func StartControlPlane(t *testing.T) *Env {
 	k.API = fmt.Sprintf("https://127.0.0.1:%d", k.Ports.API)
 	t.Logf("ports: etcd %d/%d, kube-apiserver %d, sidecar gRPC %d (all interfaces), health %d; folder %s",
 		k.Ports.Etcd, k.Ports.EtcdPeer, k.Ports.API, k.Ports.GRPC, k.Ports.Health, k.Dir)
+	k.makePKI(t)
+	etcd := k.startEtcd(t)
+	k.startAPIServer(t, etcd)
+	k.installCRDs(t)
+	return k
+}
 
+// makePKI makes the CA, the certificates of kube-apiserver, the sidecar
+// and admin (the client k.HTTP uses), and the ServiceAccount token key.
+func (k *Env) makePKI(t *testing.T) {
+	t.Helper()
 	pki := newPKI(t, filepath.Join(k.Dir, "pki"))
 	pki.issue(t, "apiserver", pkix.Name{CommonName: "kube-apiserver"}, false)
 	pki.issue(t, "sidecar", pkix.Name{CommonName: "csi-snapshot-metadata"}, false)
@@ -178,7 +188,11 @@ func StartControlPlane(t *testing.T) *Env {
 	roots := x509.NewCertPool()
 	roots.AddCert(pki.CA)
 	k.HTTP = adminClient(roots, admin)
+}
 
+// startEtcd starts etcd and returns its client URL once it is healthy.
+func (k *Env) startEtcd(t *testing.T) string {
+	t.Helper()
 	etcd := fmt.Sprintf("http://127.0.0.1:%d", k.Ports.Etcd)
 	peer := fmt.Sprintf("http://127.0.0.1:%d", k.Ports.EtcdPeer)
 	k.StartProcess(t, "etcd", "etcd", "--name", "rsm-e2e", "--data-dir", filepath.Join(k.Dir, "etcd"),
@@ -195,7 +209,14 @@ func StartControlPlane(t *testing.T) *Env {
 		r.Body.Close()
 		return bytes.Contains(b, []byte(`"health":"true"`))
 	})
+	return etcd
+}
 
+// startAPIServer starts kube-apiserver on etcd, with RBAC, and waits until
+// it is ready.
+func (k *Env) startAPIServer(t *testing.T, etcd string) {
+	t.Helper()
+	pki := k.PKI
 	k.StartProcess(t, "kube-apiserver", "kube-apiserver", "--etcd-servers="+etcd,
 		"--bind-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", k.Ports.API),
 		// Else it advertises the default route's address, and fails to
@@ -213,7 +234,12 @@ func StartControlPlane(t *testing.T) *Env {
 		code, body := k.Do(t, "GET", "/readyz", "", "")
 		return code == 200 && string(body) == "ok"
 	})
+}
 
+// installCRDs creates the CRDs of VolumeSnapshot* and
+// SnapshotMetadataService and waits until they are established.
+func (k *Env) installCRDs(t *testing.T) {
+	t.Helper()
 	t0 := time.Now()
 	crds := []string{"volumesnapshotclasses", "volumesnapshotcontents", "volumesnapshots"}
 	for _, c := range crds {
@@ -240,7 +266,6 @@ func StartControlPlane(t *testing.T) *Env {
 		})
 	}
 	t.Logf("CRDs created in %.1fs", time.Since(t0).Seconds())
-	return k
 }
 
 func crdNames(plural []string) []string {
