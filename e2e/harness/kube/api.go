@@ -36,8 +36,7 @@ func (k *Env) Do(t *testing.T, method, path, ctype, body string) (int, []byte) {
 	return resp.StatusCode, b
 }
 
-// Must sends a request that must succeed, and keeps its body in
-// dir/manifests for reading.
+// Must sends a request that must succeed and returns the answer's body.
 func (k *Env) Must(t *testing.T, method, path, ctype, body string) []byte {
 	t.Helper()
 	code, resp := k.Do(t, method, path, ctype, body)

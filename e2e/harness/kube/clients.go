@@ -67,8 +67,9 @@ func (k *Env) GetJSON(t *testing.T, v any, args ...string) {
 	}
 }
 
-// ResourceVersions are those of the objects a kubectl command acts on: a second run
-// of our install must leave them all as they are.
+// ResourceVersions are those of the objects kubectl get args lists, by
+// "Kind namespace/name": a second run of an install must leave them as
+// they are.
 func (k *Env) ResourceVersions(t *testing.T, args ...string) map[string]string {
 	t.Helper()
 	var list struct {
@@ -186,13 +187,13 @@ func (k *Env) ListerAs(t *testing.T, kubeconfig, sa string, args ...string) (str
 }
 
 // Record is one record of the lister: one response message.
-// ParseLister reads the lister's output, -o json (a list of records) or
-// the table.
 type Record struct {
 	Capacity int64
 	Tuples   []harness.Span
 }
 
+// ParseLister reads the lister's output, -o json (a list of records) or
+// the table.
 func ParseLister(t *testing.T, out string) []Record {
 	t.Helper()
 	s := strings.TrimSpace(out)

@@ -28,9 +28,10 @@ type Proc struct {
 // Running reports whether the process has not exited yet.
 func (p *Proc) Running() bool { return !harness.Closed(p.Exited) }
 
-// StartProcess runs bin (a name in RSM_K8S_BIN, or a path) with args, its output
-// in dir/logs/name.log, its PID in dir/pids/name; when the test ends it
-// gets SIGTERM, and SIGKILL 20 s later.
+// StartProcess runs bin (a name in RSM_K8S_BIN, or a path) with args, its
+// output in dir/logs/name.log, its PID in dir/pids/name; when the test
+// ends it gets SIGTERM, and SIGKILL 20 s later. An exit before that fails
+// the test, unless the Proc's MayExit is set.
 func (k *Env) StartProcess(t *testing.T, name, bin string, args ...string) *Proc {
 	t.Helper()
 	logf, err := os.Create(filepath.Join(k.Dir, "logs", name+".log"))
