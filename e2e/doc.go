@@ -71,6 +71,14 @@
 // the test first, fails it on its own errors, and undoes what it made when
 // the test ends. A helper that one file uses stays in that file.
 //
+// The package e2e/harness/kube is the Kubernetes side, for the k8s_*_test.go
+// files and pods_test.go: kube.StartControlPlane runs etcd and
+// kube-apiserver on 127.0.0.1 (kube.Start adds TestK8sSidecar's objects),
+// kube.Attach speaks to the pods' node; Env.Kubectl, Env.Helm and Env.Do
+// act as admin, Env.StartSidecar and Env.Lister run the sidecar and its
+// client, and every process is the test's child (Env.StartProcess). Its doc
+// lists it by file.
+//
 // The package e2e/oracle is precise mode's byte oracle, built on the
 // harness: random histories on real images made of named scenarios
 // (oracle.Shapes, the kinds a seed picks; oracle.Steps, the steps of its

@@ -19,7 +19,6 @@ package e2e
 import (
 	"encoding/base64"
 	"encoding/json"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,6 +26,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/harness/kube"
 )
 
 // Ceph-CSI v3.13.1's deploy/rbd/kubernetes/csi-rbdplugin-provisioner.yaml:
@@ -86,43 +87,10 @@ func (p *kpod) volumeNames() []string {
 	return n
 }
 
-// kubectl runs the real kubectl as admin; it fails the test on an error.
-func (k *k8sEnv) kubectl(t *testing.T, args ...string) string {
-	t.Helper()
-	out, err := k.kubectlErr(t, args...)
-	if err != nil {
-		t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return out
-}
-
-func (k *k8sEnv) kubectlErr(t *testing.T, args ...string) (string, error) {
-	t.Helper()
-	cfg := filepath.Join(k.dir, "admin.kubeconfig")
-	if _, err := os.Stat(cfg); err != nil {
-		k.kubeconfig(t, "admin", "")
-	}
-	cmd := exec.Command(filepath.Join(k.bin, "kubectl"), append([]string{"--kubeconfig", cfg}, args...)...)
-	out, err := cmd.CombinedOutput()
-	t.Logf("$ kubectl %s\n%s", strings.Join(args, " "), strings.TrimRight(string(out), "\n"))
-	return string(out), err
-}
-
-func (k *k8sEnv) getJSON(t *testing.T, v any, args ...string) {
-	t.Helper()
-	out, err := k.kubectlErr(t, append([]string{"get", "-o", "json"}, args...)...)
-	if err != nil {
-		t.Fatalf("kubectl get %v: %v\n%s", args, err, out)
-	}
-	if err := json.Unmarshal([]byte(out), v); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func (k *k8sEnv) deployment(t *testing.T, ns, name string) *kdeploy {
+func deployment(t *testing.T, k *kube.Env, ns, name string) *kdeploy {
 	t.Helper()
 	var d kdeploy
-	k.getJSON(t, &d, "-n", ns, "deployment", name)
+	k.GetJSON(t, &d, "-n", ns, "deployment", name)
 	return &d
 }
 
@@ -160,19 +128,19 @@ func upstreamYAML(t *testing.T, dir, ns, image string) string {
 		s = strings.ReplaceAll(s, "quay.io/cephcsi/cephcsi:v3.13.1", image)
 	}
 	path := filepath.Join(dir, ns+"-"+strings.NewReplacer("/", "_", ":", "_").Replace(image)+".yaml")
-	writeFile(t, path, s)
+	kube.WriteFile(t, path, s)
 	return path
 }
 
 // cephCSIPrereqs: what Ceph-CSI's other manifests create and the provisioner
 // refers to (namespace, service account, ConfigMaps).
-func (k *k8sEnv) cephCSIPrereqs(t *testing.T, ns string) {
+func cephCSIPrereqs(t *testing.T, k *kube.Env, ns string) {
 	t.Helper()
-	k.kubectl(t, "create", "namespace", ns)
-	k.kubectl(t, "-n", ns, "create", "serviceaccount", "rbd-csi-provisioner")
-	k.kubectl(t, "-n", ns, "create", "configmap", "ceph-csi-config", `--from-literal=config.json=[{"clusterID":"c1","monitors":["192.0.2.1:6789"]}]`)
-	k.kubectl(t, "-n", ns, "create", "configmap", "ceph-config", "--from-literal=ceph.conf=[global]")
-	k.kubectl(t, "-n", ns, "create", "configmap", "ceph-csi-encryption-kms-config", "--from-literal=config.json={}")
+	k.Kubectl(t, "create", "namespace", ns)
+	k.Kubectl(t, "-n", ns, "create", "serviceaccount", "rbd-csi-provisioner")
+	k.Kubectl(t, "-n", ns, "create", "configmap", "ceph-csi-config", `--from-literal=config.json=[{"clusterID":"c1","monitors":["192.0.2.1:6789"]}]`)
+	k.Kubectl(t, "-n", ns, "create", "configmap", "ceph-config", "--from-literal=ceph.conf=[global]")
+	k.Kubectl(t, "-n", ns, "create", "configmap", "ceph-csi-encryption-kms-config", "--from-literal=config.json={}")
 }
 
 // checkInPod: every container of upstream's pod, with its image and
@@ -220,9 +188,9 @@ func checkInPod(t *testing.T, got *kdeploy, upstream *kpod, image string) {
 
 // parsePod is the pod template of the manifest's Deployment, decoded by
 // kubectl itself (client-side dry run).
-func (k *k8sEnv) parsePod(t *testing.T, path string) *kpod {
+func parsePod(t *testing.T, k *kube.Env, path string) *kpod {
 	t.Helper()
-	out, err := k.kubectlErr(t, "create", "--dry-run=client", "-o", "json", "-f", path)
+	out, err := k.KubectlErr(t, "create", "--dry-run=client", "-o", "json", "-f", path)
 	if err != nil {
 		t.Fatalf("%s: %v", path, err)
 	}
@@ -248,236 +216,247 @@ func (k *k8sEnv) parsePod(t *testing.T, path string) *kpod {
 	return nil
 }
 
-// resourceVersions of the objects a kubectl command acts on: a second run
-// of our install must leave them all as they are.
-func (k *k8sEnv) resourceVersions(t *testing.T, args ...string) map[string]string {
-	t.Helper()
-	var list struct {
-		Items []struct {
-			Kind     string `json:"kind"`
-			Metadata struct {
-				Name, Namespace, ResourceVersion string
-			} `json:"metadata"`
-		} `json:"items"`
-	}
-	k.getJSON(t, &list, args...)
-	m := map[string]string{}
-	for _, it := range list.Items {
-		m[it.Kind+" "+it.Metadata.Namespace+"/"+it.Metadata.Name] = it.Metadata.ResourceVersion
-	}
-	return m
-}
-
-// allowed asks the API server whether the service account may do verb on
-// resource (group/resource, group "" for the core API), as the RBAC
-// authorizer answers a SubjectAccessReview for that account.
-func (k *k8sEnv) allowed(t *testing.T, ns, sa, verb, group, resource string) bool {
-	t.Helper()
-	p := filepath.Join(k.dir, "sar.yaml")
-	writeFile(t, p, fmt.Sprintf(`apiVersion: authorization.k8s.io/v1
-kind: SubjectAccessReview
-spec:
-  user: system:serviceaccount:%s:%s
-  groups: [system:serviceaccounts, "system:serviceaccounts:%s", system:authenticated]
-  resourceAttributes: {verb: %s, group: %q, resource: %s, namespace: %s}
-`, ns, sa, ns, verb, group, resource, ns))
-	return strings.TrimSpace(k.kubectl(t, "create", "-f", p, "-o", "jsonpath={.status.allowed}")) == "true"
-}
-
 func TestK8sDeploy(t *testing.T) {
 	t0 := time.Now()
-	k := startControlPlane(t)
-	root := deployTree(t)
-	tmp := t.TempDir()
+	d := &deployRun{k: kube.StartControlPlane(t), root: deployTree(t), tmp: t.TempDir()}
 	const ns = "ceph-csi-rbd"
-	ssa := []string{"apply", "--server-side", "--field-manager=rbd-snapshot-metadata"}
-	patchCmd := func(ns string) {
-		patch := filepath.Join(tmp, "provisioner-patch.yaml")
-		writeFile(t, patch, k.kubectl(t, "kustomize", filepath.Join(root, "examples/ceph-csi/provisioner")))
-		k.kubectl(t, "-n", ns, "patch", "deployment", "csi-rbdplugin-provisioner", "--patch-file="+patch)
-	}
 
 	// ---- Ceph-CSI from its manifests, our containers in its provisioner pod.
-	t.Run("ceph-csi", func(t *testing.T) {
-		up := upstreamYAML(t, tmp, ns, "")
-		upstream := k.parsePod(t, up)
-		k.cephCSIPrereqs(t, ns)
-		// Ceph-CSI's install (its docs: kubectl create -f; apply -f as an
-		// upgrade does, which records last-applied-configuration).
-		k.kubectl(t, "apply", "-f", up)
-		genCerts(t, root, "ceph-csi", ns)
-		example := filepath.Join(root, "examples/ceph-csi")
-		// Our install, as deploy/README.md says.
-		k.kubectl(t, append(ssa, "-k", example)...)
-		patchCmd(ns)
-		got := k.deployment(t, ns, "csi-rbdplugin-provisioner")
-		checkInPod(t, got, upstream, "")
-		t.Logf("containers after our patch: %v", got.Spec.Template.names())
-
-		// The CR as the API server keeps it: caCert is the CA, one line.
-		var sms struct {
-			Spec struct{ Address, CACert, Audience string }
-		}
-		k.getJSON(t, &sms, "snapshotmetadataservice", "rbd.csi.ceph.com")
-		ca, _ := os.ReadFile(filepath.Join(example, "certs/ca.crt"))
-		if sms.Spec.CACert != base64.StdEncoding.EncodeToString(ca) || sms.Spec.Address != "csi-rbdplugin-snapshot-metadata."+ns+":6443" {
-			t.Errorf("SnapshotMetadataService: %+v", sms.Spec)
-		}
-
-		// Our steps a second time: accepted, nothing changes.
-		objs := []string{"-n", ns, "deployment,service,secret,configmap,snapshotmetadataservice,clusterrole,clusterrolebinding"}
-		before := k.resourceVersions(t, objs...)
-		k.kubectl(t, append(ssa, "-k", example)...)
-		patchCmd(ns)
-		if after := k.resourceVersions(t, objs...); !mapsEqual(before, after) {
-			t.Errorf("running our install again changed objects:\nbefore %v\nafter  %v", before, after)
-		}
-
-		// A Ceph-CSI upgrade the usual way: kubectl apply -f of the new
-		// provisioner manifest over the patched Deployment.
-		newImage := "quay.io/cephcsi/cephcsi:v3.14.0"
-		k.kubectl(t, "apply", "-f", upstreamYAML(t, tmp, ns, newImage))
-		got = k.deployment(t, ns, "csi-rbdplugin-provisioner")
-		t.Logf("after kubectl apply -f of the upgraded manifest: %v", got.Spec.Template.names())
-		checkInPod(t, got, upstream, newImage)
-
-		// kubectl replace (or delete and create) drops our containers; the
-		// README's one step puts them back.
-		k.kubectl(t, "replace", "-f", upstreamYAML(t, tmp, ns, newImage))
-		got = k.deployment(t, ns, "csi-rbdplugin-provisioner")
-		t.Logf("after kubectl replace -f: %v", got.Spec.Template.names())
-		if slices.Contains(got.Spec.Template.names(), "rbd-snapshot-metadata") {
-			t.Errorf("kubectl replace kept our container: the README's warning is wrong")
-		}
-		patchCmd(ns)
-		checkInPod(t, k.deployment(t, ns, "csi-rbdplugin-provisioner"), upstream, newImage)
-	})
+	t.Run("ceph-csi", func(t *testing.T) { d.cephCSI(t, ns) })
 
 	// ---- The same with Ceph-CSI applied server-side, cert-manager issuing
 	// the certificate (its CRDs stand in for cert-manager).
-	t.Run("cert-manager", func(t *testing.T) {
-		const ns = "ceph-csi-ssa"
-		up := upstreamYAML(t, tmp, ns, "")
-		upstream := k.parsePod(t, up)
-		k.cephCSIPrereqs(t, ns)
-		k.kubectl(t, "apply", "--server-side", "-f", up)
-		k.certManagerCRDs(t)
-		example := filepath.Join(root, "examples/cert-manager")
-		setNamespace(t, example, ns)
-		genCerts(t, root, "cert-manager", ns)
-		k.kubectl(t, append(ssa, "-k", example)...)
-		patchCmd(ns)
-		checkInPod(t, k.deployment(t, ns, "csi-rbdplugin-provisioner"), upstream, "")
-		newImage := "quay.io/cephcsi/cephcsi:v3.14.0"
-		k.kubectl(t, "apply", "--server-side", "-f", upstreamYAML(t, tmp, ns, newImage))
-		got := k.deployment(t, ns, "csi-rbdplugin-provisioner")
-		t.Logf("after kubectl apply --server-side -f of the upgraded manifest: %v", got.Spec.Template.names())
-		checkInPod(t, got, upstream, newImage)
-		var cert struct {
-			Spec struct{ DNSNames []string }
-		}
-		k.getJSON(t, &cert, "-n", ns, "certificate", "csi-rbdplugin-snapshot-metadata")
-		if !slices.Contains(cert.Spec.DNSNames, "csi-rbdplugin-snapshot-metadata."+ns) {
-			t.Errorf("Certificate dnsNames %v", cert.Spec.DNSNames)
-		}
-		// One SnapshotMetadataService per driver: this install's CR took
-		// over the ceph-csi one's (same name); delete it to leave the
-		// driver's name free for the next installs.
-		k.kubectl(t, "delete", "-k", example)
-	})
+	t.Run("cert-manager", d.certManager)
 
 	// ---- Standalone Deployments next to Rook and ceph-csi-operator. They
 	// patch nothing upstream; they read the ConfigMap those write.
-	for _, c := range []struct {
-		example, ns, driver, configMap, key string
-	}{
+	for _, c := range []standaloneExample{
 		// Rook >= v1.18 runs ceph-csi-operator, which writes
 		// ceph-csi-config; Rook's own rook-ceph-csi-config is left as [].
 		{"rook", "rook-ceph", "rook-ceph.rbd.csi.ceph.com", "ceph-csi-config", "config.json"},
 		{"ceph-csi-operator", "ceph-csi-operator-system", "rbd.csi.ceph.com", "ceph-csi-config", "config.json"},
 	} {
-		t.Run(c.example, func(t *testing.T) {
-			k.kubectl(t, "create", "namespace", c.ns)
-			k.kubectl(t, "-n", c.ns, "create", "configmap", c.configMap, "--from-literal="+c.key+`=[{"clusterID":"c1","monitors":["192.0.2.1:6789"]}]`)
-			if c.example == "rook" {
-				k.kubectl(t, "-n", c.ns, "create", "configmap", "rook-ceph-csi-config", "--from-literal=csi-cluster-config-json=[]")
-			}
-			writeFile(t, filepath.Join(tmp, c.example+"-csidriver.yaml"), "apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {name: "+c.driver+"}\nspec: {attachRequired: true, podInfoOnMount: false}\n")
-			k.kubectl(t, "apply", "-f", filepath.Join(tmp, c.example+"-csidriver.yaml"))
-			example := filepath.Join(root, "examples", c.example)
-			genCerts(t, root, c.example, c.ns)
-			k.kubectl(t, append(ssa, "-k", example)...)
-			got := k.deployment(t, c.ns, "rbd-snapshot-metadata")
-			pod := &got.Spec.Template
-			if !slices.Equal(pod.names(), []string{"rbd-snapshot-metadata", "csi-snapshot-metadata"}) {
-				t.Errorf("containers %v", pod.names())
-			}
-			if dc := pod.Metadata.Annotations["kubectl.kubernetes.io/default-container"]; dc != "rbd-snapshot-metadata" {
-				t.Errorf("default container %q", dc)
-			}
-			for _, ctr := range pod.Spec.Containers {
-				for _, e := range ctr.Env {
-					if e.Name == "DRIVER_NAME" && e.Value != c.driver {
-						t.Errorf("DRIVER_NAME %s, want %s", e.Value, c.driver)
-					}
-				}
-			}
-			k.kubectl(t, "get", "csidriver", c.driver)
-			k.kubectl(t, "get", "snapshotmetadataservice", c.driver)
-			// The config our server reads is the one the installer fills.
-			for _, v := range pod.Spec.Volumes {
-				if v.Name != "ceph-csi-config" {
-					continue
-				}
-				var cm struct{ Data map[string]string }
-				k.getJSON(t, &cm, "-n", c.ns, "configmap", v.ConfigMap.Name)
-				key := "config.json"
-				for _, it := range v.ConfigMap.Items {
-					if it.Path == "config.json" {
-						key = it.Key
-					}
-				}
-				if d := strings.TrimSpace(cm.Data[key]); d == "" || d == "[]" {
-					t.Errorf("the server would read ConfigMap %s key %s: %q, no cluster", v.ConfigMap.Name, key, d)
-				}
-			}
-			objs := []string{"-n", c.ns, "deployment,service,secret,configmap,serviceaccount,snapshotmetadataservice,clusterrole,clusterrolebinding"}
-			before := k.resourceVersions(t, objs...)
-			k.kubectl(t, append(ssa, "-k", example)...)
-			if after := k.resourceVersions(t, objs...); !mapsEqual(before, after) {
-				t.Errorf("running our install again changed objects:\nbefore %v\nafter  %v", before, after)
-			}
-		})
+		t.Run(c.example, func(t *testing.T) { d.standalone(t, c) })
 	}
 
 	// ---- Installs in several namespaces keep each other's RBAC (the
 	// sidecar's TokenReviews and SubjectAccessReviews).
-	t.Run("rbac", func(t *testing.T) {
-		for _, sa := range [][2]string{{ns, "rbd-csi-provisioner"}, {"rook-ceph", "rbd-snapshot-metadata"}, {"ceph-csi-operator-system", "rbd-snapshot-metadata"}} {
-			for _, r := range [][3]string{
-				{"create", "authentication.k8s.io", "tokenreviews"},
-				{"create", "authorization.k8s.io", "subjectaccessreviews"},
-				{"get", "", "secrets"},
-				{"list", "cbt.storage.k8s.io", "snapshotmetadataservices"},
-			} {
-				// The RBAC authorizer sees new bindings through an
-				// informer: on a loaded machine, ask again for a while.
-				ok := k.allowed(t, sa[0], sa[1], r[0], r[1], r[2])
-				for t0 := time.Now(); !ok && time.Since(t0) < 30*time.Second; {
-					time.Sleep(time.Second)
-					ok = k.allowed(t, sa[0], sa[1], r[0], r[1], r[2])
-				}
-				if !ok {
-					t.Errorf("%s/%s may not %s %s.%s", sa[0], sa[1], r[0], r[2], r[1])
-				}
-			}
-			// and nothing more than it needs.
-			if k.allowed(t, sa[0], sa[1], "delete", "", "secrets") {
-				t.Errorf("%s/%s may delete secrets", sa[0], sa[1])
+	t.Run("rbac", func(t *testing.T) { d.rbac(t, ns) })
+	t.Logf("deploy test: %.1fs", time.Since(t0).Seconds())
+}
+
+// deployRun is TestK8sDeploy's API server, its copy of deploy/ and a
+// folder for manifests, which its steps share.
+type deployRun struct {
+	k         *kube.Env
+	root, tmp string
+}
+
+// ssa is our install's kubectl apply, as deploy/README.md says.
+var ssa = []string{"apply", "--server-side", "--field-manager=rbd-snapshot-metadata"}
+
+// patch is deploy/README.md's patch of Ceph-CSI's provisioner Deployment
+// in ns.
+func (d *deployRun) patch(t *testing.T, ns string) {
+	t.Helper()
+	patch := filepath.Join(d.tmp, "provisioner-patch.yaml")
+	kube.WriteFile(t, patch, d.k.Kubectl(t, "kustomize", filepath.Join(d.root, "examples/ceph-csi/provisioner")))
+	d.k.Kubectl(t, "-n", ns, "patch", "deployment", "csi-rbdplugin-provisioner", "--patch-file="+patch)
+}
+
+// cephCSI: Ceph-CSI from its manifests in ns, our containers patched into
+// its provisioner pod; our install again, and Ceph-CSI's upgrades.
+func (d *deployRun) cephCSI(t *testing.T, ns string) {
+	k := d.k
+	up := upstreamYAML(t, d.tmp, ns, "")
+	upstream := parsePod(t, k, up)
+	cephCSIPrereqs(t, k, ns)
+	// Ceph-CSI's install (its docs: kubectl create -f; apply -f as an
+	// upgrade does, which records last-applied-configuration).
+	k.Kubectl(t, "apply", "-f", up)
+	genCerts(t, d.root, "ceph-csi", ns)
+	example := filepath.Join(d.root, "examples/ceph-csi")
+	// Our install, as deploy/README.md says.
+	k.Kubectl(t, append(ssa, "-k", example)...)
+	d.patch(t, ns)
+	got := deployment(t, k, ns, "csi-rbdplugin-provisioner")
+	checkInPod(t, got, upstream, "")
+	t.Logf("containers after our patch: %v", got.Spec.Template.names())
+
+	// The CR as the API server keeps it: caCert is the CA, one line.
+	var sms struct {
+		Spec struct{ Address, CACert, Audience string }
+	}
+	k.GetJSON(t, &sms, "snapshotmetadataservice", "rbd.csi.ceph.com")
+	ca, _ := os.ReadFile(filepath.Join(example, "certs/ca.crt"))
+	if sms.Spec.CACert != base64.StdEncoding.EncodeToString(ca) || sms.Spec.Address != "csi-rbdplugin-snapshot-metadata."+ns+":6443" {
+		t.Errorf("SnapshotMetadataService: %+v", sms.Spec)
+	}
+
+	// Our steps a second time: accepted, nothing changes.
+	objs := []string{"-n", ns, "deployment,service,secret,configmap,snapshotmetadataservice,clusterrole,clusterrolebinding"}
+	before := k.ResourceVersions(t, objs...)
+	k.Kubectl(t, append(ssa, "-k", example)...)
+	d.patch(t, ns)
+	if after := k.ResourceVersions(t, objs...); !mapsEqual(before, after) {
+		t.Errorf("running our install again changed objects:\nbefore %v\nafter  %v", before, after)
+	}
+	d.cephCSIUpgrade(t, ns, upstream)
+}
+
+// cephCSIUpgrade: a Ceph-CSI upgrade the usual way, kubectl apply -f of the
+// new provisioner manifest over the patched Deployment, keeps our
+// containers; kubectl replace drops them, and our patch puts them back.
+func (d *deployRun) cephCSIUpgrade(t *testing.T, ns string, upstream *kpod) {
+	k := d.k
+	newImage := "quay.io/cephcsi/cephcsi:v3.14.0"
+	k.Kubectl(t, "apply", "-f", upstreamYAML(t, d.tmp, ns, newImage))
+	got := deployment(t, k, ns, "csi-rbdplugin-provisioner")
+	t.Logf("after kubectl apply -f of the upgraded manifest: %v", got.Spec.Template.names())
+	checkInPod(t, got, upstream, newImage)
+
+	// kubectl replace (or delete and create) drops our containers; the
+	// README's one step puts them back.
+	k.Kubectl(t, "replace", "-f", upstreamYAML(t, d.tmp, ns, newImage))
+	got = deployment(t, k, ns, "csi-rbdplugin-provisioner")
+	t.Logf("after kubectl replace -f: %v", got.Spec.Template.names())
+	if slices.Contains(got.Spec.Template.names(), "rbd-snapshot-metadata") {
+		t.Errorf("kubectl replace kept our container: the README's warning is wrong")
+	}
+	d.patch(t, ns)
+	checkInPod(t, deployment(t, k, ns, "csi-rbdplugin-provisioner"), upstream, newImage)
+}
+
+// certManager: Ceph-CSI applied server-side, examples/cert-manager in its
+// namespace, and Ceph-CSI's upgrade, server-side too.
+func (d *deployRun) certManager(t *testing.T) {
+	k := d.k
+	const ns = "ceph-csi-ssa"
+	up := upstreamYAML(t, d.tmp, ns, "")
+	upstream := parsePod(t, k, up)
+	cephCSIPrereqs(t, k, ns)
+	k.Kubectl(t, "apply", "--server-side", "-f", up)
+	certManagerCRDs(t, k)
+	example := filepath.Join(d.root, "examples/cert-manager")
+	setNamespace(t, example, ns)
+	genCerts(t, d.root, "cert-manager", ns)
+	k.Kubectl(t, append(ssa, "-k", example)...)
+	d.patch(t, ns)
+	checkInPod(t, deployment(t, k, ns, "csi-rbdplugin-provisioner"), upstream, "")
+	newImage := "quay.io/cephcsi/cephcsi:v3.14.0"
+	k.Kubectl(t, "apply", "--server-side", "-f", upstreamYAML(t, d.tmp, ns, newImage))
+	got := deployment(t, k, ns, "csi-rbdplugin-provisioner")
+	t.Logf("after kubectl apply --server-side -f of the upgraded manifest: %v", got.Spec.Template.names())
+	checkInPod(t, got, upstream, newImage)
+	var cert struct {
+		Spec struct{ DNSNames []string }
+	}
+	k.GetJSON(t, &cert, "-n", ns, "certificate", "csi-rbdplugin-snapshot-metadata")
+	if !slices.Contains(cert.Spec.DNSNames, "csi-rbdplugin-snapshot-metadata."+ns) {
+		t.Errorf("Certificate dnsNames %v", cert.Spec.DNSNames)
+	}
+	// One SnapshotMetadataService per driver: this install's CR took
+	// over the ceph-csi one's (same name); delete it to leave the
+	// driver's name free for the next installs.
+	k.Kubectl(t, "delete", "-k", example)
+}
+
+// standaloneExample is an example of deploy/ with a Deployment of its own,
+// and what the installer it goes next to writes: the namespace, the CSI
+// driver's name, and the ConfigMap (and its key) with the cluster config.
+type standaloneExample struct {
+	example, ns, driver, configMap, key string
+}
+
+// standalone installs example c next to what its installer writes, checks
+// the Deployment and the config it reads, and runs the install again.
+func (d *deployRun) standalone(t *testing.T, c standaloneExample) {
+	k := d.k
+	k.Kubectl(t, "create", "namespace", c.ns)
+	k.Kubectl(t, "-n", c.ns, "create", "configmap", c.configMap, "--from-literal="+c.key+`=[{"clusterID":"c1","monitors":["192.0.2.1:6789"]}]`)
+	if c.example == "rook" {
+		k.Kubectl(t, "-n", c.ns, "create", "configmap", "rook-ceph-csi-config", "--from-literal=csi-cluster-config-json=[]")
+	}
+	kube.WriteFile(t, filepath.Join(d.tmp, c.example+"-csidriver.yaml"), "apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {name: "+c.driver+"}\nspec: {attachRequired: true, podInfoOnMount: false}\n")
+	k.Kubectl(t, "apply", "-f", filepath.Join(d.tmp, c.example+"-csidriver.yaml"))
+	example := filepath.Join(d.root, "examples", c.example)
+	genCerts(t, d.root, c.example, c.ns)
+	k.Kubectl(t, append(ssa, "-k", example)...)
+	got := deployment(t, k, c.ns, "rbd-snapshot-metadata")
+	pod := &got.Spec.Template
+	if !slices.Equal(pod.names(), []string{"rbd-snapshot-metadata", "csi-snapshot-metadata"}) {
+		t.Errorf("containers %v", pod.names())
+	}
+	if dc := pod.Metadata.Annotations["kubectl.kubernetes.io/default-container"]; dc != "rbd-snapshot-metadata" {
+		t.Errorf("default container %q", dc)
+	}
+	for _, ctr := range pod.Spec.Containers {
+		for _, e := range ctr.Env {
+			if e.Name == "DRIVER_NAME" && e.Value != c.driver {
+				t.Errorf("DRIVER_NAME %s, want %s", e.Value, c.driver)
 			}
 		}
-	})
-	t.Logf("deploy test: %.1fs", time.Since(t0).Seconds())
+	}
+	k.Kubectl(t, "get", "csidriver", c.driver)
+	k.Kubectl(t, "get", "snapshotmetadataservice", c.driver)
+	checkConfigRead(t, k, c.ns, pod)
+	objs := []string{"-n", c.ns, "deployment,service,secret,configmap,serviceaccount,snapshotmetadataservice,clusterrole,clusterrolebinding"}
+	before := k.ResourceVersions(t, objs...)
+	k.Kubectl(t, append(ssa, "-k", example)...)
+	if after := k.ResourceVersions(t, objs...); !mapsEqual(before, after) {
+		t.Errorf("running our install again changed objects:\nbefore %v\nafter  %v", before, after)
+	}
+}
+
+// checkConfigRead: the config our server reads is the one the installer
+// fills, a cluster and not an empty list.
+func checkConfigRead(t *testing.T, k *kube.Env, ns string, pod *kpod) {
+	t.Helper()
+	for _, v := range pod.Spec.Volumes {
+		if v.Name != "ceph-csi-config" {
+			continue
+		}
+		var cm struct{ Data map[string]string }
+		k.GetJSON(t, &cm, "-n", ns, "configmap", v.ConfigMap.Name)
+		key := "config.json"
+		for _, it := range v.ConfigMap.Items {
+			if it.Path == "config.json" {
+				key = it.Key
+			}
+		}
+		if d := strings.TrimSpace(cm.Data[key]); d == "" || d == "[]" {
+			t.Errorf("the server would read ConfigMap %s key %s: %q, no cluster", v.ConfigMap.Name, key, d)
+		}
+	}
+}
+
+// rbac: each install's sidecar may do what it needs (the ceph-csi one in
+// ns, the standalone ones in theirs), and no more.
+func (d *deployRun) rbac(t *testing.T, ns string) {
+	k := d.k
+	for _, sa := range [][2]string{{ns, "rbd-csi-provisioner"}, {"rook-ceph", "rbd-snapshot-metadata"}, {"ceph-csi-operator-system", "rbd-snapshot-metadata"}} {
+		for _, r := range [][3]string{
+			{"create", "authentication.k8s.io", "tokenreviews"},
+			{"create", "authorization.k8s.io", "subjectaccessreviews"},
+			{"get", "", "secrets"},
+			{"list", "cbt.storage.k8s.io", "snapshotmetadataservices"},
+		} {
+			// The RBAC authorizer sees new bindings through an
+			// informer: on a loaded machine, ask again for a while.
+			ok := k.Allowed(t, sa[0], sa[1], r[0], r[1], r[2])
+			for t0 := time.Now(); !ok && time.Since(t0) < 30*time.Second; {
+				time.Sleep(time.Second)
+				ok = k.Allowed(t, sa[0], sa[1], r[0], r[1], r[2])
+			}
+			if !ok {
+				t.Errorf("%s/%s may not %s %s.%s", sa[0], sa[1], r[0], r[2], r[1])
+			}
+		}
+		// and nothing more than it needs.
+		if k.Allowed(t, sa[0], sa[1], "delete", "", "secrets") {
+			t.Errorf("%s/%s may delete secrets", sa[0], sa[1])
+		}
+	}
 }
 
 func mapsEqual(a, b map[string]string) bool {
@@ -502,13 +481,13 @@ func setNamespace(t *testing.T, example, ns string) {
 		t.Fatal(err)
 	}
 	s := strings.Replace(string(b), "\nnamespace: ceph-csi-rbd\n", "\nnamespace: "+ns+"\n", 1)
-	writeFile(t, p, s)
+	kube.WriteFile(t, p, s)
 }
 
 // certManagerCRDs: Issuer and Certificate (cert-manager.io/v1) with open
 // schemas, so that the cert-manager example applies; cert-manager itself
 // is not run here.
-func (k *k8sEnv) certManagerCRDs(t *testing.T) {
+func certManagerCRDs(t *testing.T, k *kube.Env) {
 	t.Helper()
 	var docs []string
 	for _, kind := range []string{"Issuer", "Certificate"} {
@@ -528,8 +507,8 @@ spec:
         openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
 `)
 	}
-	p := filepath.Join(k.dir, "cert-manager-crds.yaml")
-	writeFile(t, p, strings.Join(docs, "---\n"))
-	k.kubectl(t, "apply", "-f", p)
-	k.kubectl(t, "wait", "--for=condition=Established", "crd/issuers.cert-manager.io", "crd/certificates.cert-manager.io", "--timeout=60s")
+	p := filepath.Join(k.Dir, "cert-manager-crds.yaml")
+	kube.WriteFile(t, p, strings.Join(docs, "---\n"))
+	k.Kubectl(t, "apply", "-f", p)
+	k.Kubectl(t, "wait", "--for=condition=Established", "crd/issuers.cert-manager.io", "crd/certificates.cert-manager.io", "--timeout=60s")
 }

@@ -20,8 +20,6 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -29,46 +27,11 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/harness/kube"
 )
 
 const chartImage = "registry.example.com/rbd-snapshot-metadata"
-
-// helm runs the real helm against the test's API server as admin.
-func (k *k8sEnv) helm(t *testing.T, args ...string) string {
-	t.Helper()
-	out, err := k.helmErr(t, args...)
-	if err != nil {
-		t.Fatalf("helm %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return out
-}
-
-func (k *k8sEnv) helmErr(t *testing.T, args ...string) (string, error) {
-	t.Helper()
-	bin := os.Getenv("RSM_HELM_BIN")
-	if msg := os.Getenv("RSM_HELM_BUILD_ERROR"); bin == "" && msg != "" {
-		t.Fatal(msg)
-	}
-	if bin == "" {
-		t.Fatal("RSM_HELM_BIN is not set: run e2e/run-e2e.sh (./dev.sh e2e), or export RSM_HELM_BIN=$(e2e/k8s/k8s.sh helm) and add it to RSM_BIND")
-	}
-	cfg := filepath.Join(k.dir, "admin.kubeconfig")
-	if _, err := os.Stat(cfg); err != nil {
-		k.kubeconfig(t, "admin", "")
-	}
-	home := filepath.Join(k.dir, "helm-home")
-	cmd := exec.Command(filepath.Join(bin, "helm"), args...)
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+cfg, "HELM_CACHE_HOME="+home+"/cache",
-		"HELM_CONFIG_HOME="+home+"/config", "HELM_DATA_HOME="+home+"/data")
-	t0 := time.Now()
-	out, err := cmd.CombinedOutput()
-	s := strings.TrimRight(string(out), "\n")
-	if len(s) > 1500 {
-		s = s[:1500] + "\n[...]"
-	}
-	t.Logf("$ helm %s (%.1fs)\n%s", strings.Join(args, " "), time.Since(t0).Seconds(), s)
-	return string(out), err
-}
 
 // kobj is one object, decoded from kubectl's JSON.
 type kobj = map[string]any
@@ -76,11 +39,11 @@ type kobj = map[string]any
 // objectsOf decodes a multi-document manifest with kubectl (client-side dry
 // run: kubectl's own decoding, without defaults) into objects by
 // "Kind namespace/name".
-func (k *k8sEnv) objectsOf(t *testing.T, manifest string) map[string]kobj {
+func objectsOf(t *testing.T, k *kube.Env, manifest string) map[string]kobj {
 	t.Helper()
-	p := filepath.Join(k.dir, fmt.Sprintf("manifest-%d.yaml", time.Now().UnixNano()))
-	writeFile(t, p, manifest)
-	out, err := k.kubectlErr(t, "create", "--dry-run=client", "-o", "json", "-f", p)
+	p := filepath.Join(k.Dir, fmt.Sprintf("manifest-%d.yaml", time.Now().UnixNano()))
+	kube.WriteFile(t, p, manifest)
+	out, err := k.KubectlErr(t, "create", "--dry-run=client", "-o", "json", "-f", p)
 	if err != nil {
 		t.Fatalf("kubectl create --dry-run=client: %v\n%s", err, out)
 	}
@@ -209,24 +172,13 @@ func chartSet(kv ...string) []string {
 
 func TestK8sHelm(t *testing.T) {
 	t0 := time.Now()
-	k := startControlPlane(t)
-	k.certManagerCRDs(t)
+	k := kube.StartControlPlane(t)
+	certManagerCRDs(t, k)
 	root := deployTree(t)
-	chart := filepath.Join(root, "helm", "rbd-snapshot-metadata")
-	image := chartSet("image.repository="+chartImage, "image.tag=v0.1.0")
+	h := &helmRun{k: k, root: root, chart: filepath.Join(root, "helm", "rbd-snapshot-metadata"),
+		image: chartSet("image.repository="+chartImage, "image.tag=v0.1.0")}
 
-	t.Run("lint", func(t *testing.T) {
-		k.helm(t, "lint", "--strict", chart)
-		k.helm(t, append([]string{"lint", "--strict", chart, "--set-file", "tls.caCert=" + filepath.Join(k.dir, "pki", "ca.crt")},
-			chartSet("tls.mode=certManager")...)...)
-		// A wrong mode or a missing CA is refused with a message, not rendered.
-		if out, err := k.helmErr(t, append([]string{"template", "x", chart}, chartSet("tls.mode=secret")...)...); err == nil || !strings.Contains(out, "tls.caCert") {
-			t.Errorf("tls.mode=secret without tls.caCert: %v, want a refusal naming tls.caCert", err)
-		}
-		if out, err := k.helmErr(t, append([]string{"template", "x", chart}, chartSet("tls.mode=acme")...)...); err == nil || !strings.Contains(out, "want generate, secret or certManager") {
-			t.Errorf("tls.mode=acme: %v, want a refusal", err)
-		}
-	})
+	t.Run("lint", h.lint)
 
 	// ---- helm template and the kustomize examples, the same values.
 	for _, c := range []struct {
@@ -236,291 +188,370 @@ func TestK8sHelm(t *testing.T) {
 		{"ceph-csi-operator", "ceph-csi-operator-system", nil},
 		{"rook", "rook-ceph", chartSet("driverName=rook-ceph.rbd.csi.ceph.com")},
 	} {
-		t.Run("same-as-kustomize/"+c.example, func(t *testing.T) {
-			genCerts(t, root, c.example, c.ns)
-			example := filepath.Join(root, "examples", c.example)
-			built := k.kubectl(t, "kustomize", example)
-			caFile := filepath.Join(example, "certs", "ca.crt")
-			host := "csi-rbdplugin-snapshot-metadata." + c.ns
-			for _, mode := range []string{"generate", "secret"} {
-				args := append([]string{"template", "rsm", chart, "-n", c.ns}, image...)
-				args = append(args, c.values...)
-				if mode == "secret" {
-					args = append(args, "--set", "tls.mode=secret", "--set-file", "tls.caCert="+caFile)
-				}
-				got := k.objectsOf(t, k.helm(t, args...))
-				want := k.objectsOf(t, built)
-				sms := func(m map[string]kobj) kobj {
-					for key, o := range m {
-						if strings.HasPrefix(key, "SnapshotMetadataService ") {
-							return o
-						}
-					}
-					t.Fatalf("no SnapshotMetadataService")
-					return nil
-				}
-				hs, ks := sms(got), sms(want)
-				tlsKey := "Secret " + c.ns + "/csi-rbdplugin-snapshot-metadata-tls"
-				caKey := "Secret " + c.ns + "/csi-rbdplugin-snapshot-metadata-ca-keypair"
-				switch mode {
-				case "generate":
-					// The chart's own CA and certificate: valid for the
-					// Service's name, and the CR trusts that CA.
-					if got[caKey] == nil || got[tlsKey] == nil {
-						t.Fatalf("generate: no %s or %s", caKey, tlsKey)
-					}
-					leaf := tlsCheck(t, "helm template", got[tlsKey], hs["spec"].(kobj)["caCert"].(string), host)
-					if d := leaf.NotAfter.Sub(time.Now()); d < 364*24*time.Hour || d > 366*24*time.Hour {
-						t.Errorf("certificate valid for %v, want 365 days", d)
-					}
-					stripHelm(t, caKey, got[caKey], "rsm")
-					delete(got, caKey)
-					for _, o := range []kobj{got[tlsKey], want[tlsKey]} {
-						delete(o, "data")
-						delete(o["metadata"].(kobj), "annotations")
-					}
-				case "secret":
-					// Your Secret, your CA: the CR's caCert is kustomize's.
-					if got[tlsKey] != nil || got[caKey] != nil {
-						t.Errorf("tls.mode=secret renders a Secret")
-					}
-					delete(want, tlsKey)
-					if hs["spec"].(kobj)["caCert"] != ks["spec"].(kobj)["caCert"] {
-						t.Errorf("tls.mode=secret: caCert differs from kustomize's")
-					}
-				}
-				hs["spec"].(kobj)["caCert"], ks["spec"].(kobj)["caCert"] = "", ""
-				for key, o := range got {
-					stripHelm(t, key, o, "rsm")
-					w, ok := want[key]
-					if !ok {
-						t.Errorf("%s: helm renders %s, kustomize does not", mode, key)
-						continue
-					}
-					for _, d := range diffObj(key, o, w) {
-						t.Errorf("%s: %s", mode, d)
-					}
-				}
-				for key := range want {
-					if got[key] == nil {
-						t.Errorf("%s: kustomize builds %s, helm does not", mode, key)
-					}
-				}
-				t.Logf("%s, tls.mode=%s: %d objects alike", c.example, mode, len(got))
-			}
-		})
+		t.Run("same-as-kustomize/"+c.example, func(t *testing.T) { h.sameAsKustomize(t, c.example, c.ns, c.values) })
 	}
 
 	// ---- The cert-manager route: the same Issuer and Certificate as
 	// examples/cert-manager for the same namespace.
-	t.Run("same-as-kustomize/cert-manager", func(t *testing.T) {
-		const ns = "ceph-csi-rbd"
-		genCerts(t, root, "cert-manager", ns)
-		example := filepath.Join(root, "examples", "cert-manager")
-		kust := k.objectsOf(t, k.kubectl(t, "kustomize", example))
-		args := append([]string{"template", "rsm", chart, "-n", ns, "--set", "tls.mode=certManager",
-			"--set-file", "tls.caCert=" + filepath.Join(example, "certs", "ca.crt")}, image...)
-		got := k.objectsOf(t, k.helm(t, args...))
-		for _, key := range []string{"Issuer " + ns + "/csi-rbdplugin-snapshot-metadata-ca", "Certificate " + ns + "/csi-rbdplugin-snapshot-metadata", "SnapshotMetadataService /rbd.csi.ceph.com"} {
-			h, w := got[key], kust[key]
-			if h == nil || w == nil {
-				t.Errorf("%s: helm %v, kustomize %v", key, h != nil, w != nil)
-				continue
-			}
-			stripHelm(t, key, h, "rsm")
-			for _, d := range diffObj(key, h, w) {
-				t.Error(d)
-			}
-		}
-		if got["Secret "+ns+"/csi-rbdplugin-snapshot-metadata-tls"] != nil {
-			t.Error("tls.mode=certManager renders the Secret cert-manager writes")
-		}
-	})
+	t.Run("same-as-kustomize/cert-manager", h.sameAsKustomizeCertManager)
 
 	// ---- Install, upgrade, a second install, uninstall, on the API server.
-	const ns, ns2 = "rsm-helm", "rsm-helm-2"
-	host := "csi-rbdplugin-snapshot-metadata." + ns
-	type state struct {
-		rv         map[string]string
-		tlsData    string
-		caData     string
-		caCert     string
-		args       []string
-		notAfter   string
-		dnsNames   string
-		leafSerial string
-	}
-	objs := []string{"-n", ns, "deployment,service,secret,serviceaccount,snapshotmetadataservice,clusterrole,clusterrolebinding"}
-	read := func(t *testing.T) state {
-		t.Helper()
-		var s state
-		s.rv = k.resourceVersions(t, objs...)
-		var sec, ca kobj
-		k.getJSON(t, &sec, "-n", ns, "secret", "csi-rbdplugin-snapshot-metadata-tls")
-		k.getJSON(t, &ca, "-n", ns, "secret", "csi-rbdplugin-snapshot-metadata-ca-keypair")
-		var sms struct {
-			Spec struct{ Address, CACert, Audience string }
-		}
-		k.getJSON(t, &sms, "snapshotmetadataservice", "rbd.csi.ceph.com")
-		if sms.Spec.Address != host+":6443" || sms.Spec.Audience != "rbd.csi.ceph.com" {
-			t.Errorf("SnapshotMetadataService %+v", sms.Spec)
-		}
-		leaf := tlsCheck(t, "installed", sec, sms.Spec.CACert, host)
-		s.leafSerial = leaf.SerialNumber.String()
-		b, _ := json.Marshal(sec["data"])
-		s.tlsData = string(b)
-		b, _ = json.Marshal(ca["data"])
-		s.caData = string(b)
-		s.caCert = sms.Spec.CACert
-		ann := sec["metadata"].(kobj)["annotations"].(kobj)
-		s.notAfter, _ = ann["rbd-snapshot-metadata/not-after"].(string)
-		s.dnsNames, _ = ann["rbd-snapshot-metadata/dns-names"].(string)
-		d := k.deployment(t, ns, "rbd-snapshot-metadata")
-		for _, c := range d.Spec.Template.Spec.Containers {
-			s.args = append(s.args, c.Args...)
-		}
-		return s
-	}
-	changed := func(a, b map[string]string) []string {
-		var d []string
-		for key, v := range b {
-			// Helm's release records are Secrets of the namespace too.
-			if a[key] != v && !strings.Contains(key, "/sh.helm.release.v1.") {
-				d = append(d, key)
-			}
-		}
-		sort.Strings(d)
-		return d
-	}
-	var first state
-	t.Run("install", func(t *testing.T) {
-		k.kubectl(t, "create", "namespace", ns)
-		k.kubectl(t, "-n", ns, "create", "configmap", "ceph-csi-config", `--from-literal=config.json=[{"clusterID":"c1","monitors":["192.0.2.1:6789"]}]`)
-		// deploy/README.md's Helm route.
-		k.helm(t, append([]string{"install", "rsm", chart, "-n", ns}, image...)...)
-		first = read(t)
-		if !slices.Contains(first.args, "--max-streaming-duration-min=120") || !slices.Contains(first.args, "--v=2") {
-			t.Errorf("args %q", first.args)
-		}
-		for _, r := range [][3]string{
-			{"create", "authentication.k8s.io", "tokenreviews"},
-			{"create", "authorization.k8s.io", "subjectaccessreviews"},
-			{"get", "", "secrets"},
-			{"list", "cbt.storage.k8s.io", "snapshotmetadataservices"},
-		} {
-			if !k.allowed(t, ns, "rbd-snapshot-metadata", r[0], r[1], r[2]) {
-				t.Errorf("%s/rbd-snapshot-metadata may not %s %s.%s", ns, r[0], r[2], r[1])
-			}
-		}
-		k.helm(t, "status", "rsm", "-n", ns)
-	})
-
-	t.Run("upgrade", func(t *testing.T) {
-		// A changed value: the Deployment changes, the certificate and CA stay.
-		k.helm(t, append(append([]string{"upgrade", "rsm", chart, "-n", ns}, image...), chartSet("server.logLevel=4")...)...)
-		s := read(t)
-		if !slices.Contains(s.args, "--v=4") {
-			t.Errorf("after upgrade with server.logLevel=4: args %q", s.args)
-		}
-		if s.tlsData != first.tlsData || s.caData != first.caData || s.caCert != first.caCert {
-			t.Errorf("an upgrade changed the certificate or the CA")
-		}
-		ch := changed(first.rv, s.rv)
-		t.Logf("objects an upgrade with a changed value wrote: %v", ch)
-		if !slices.Equal(ch, []string{"Deployment " + ns + "/rbd-snapshot-metadata"}) {
-			t.Errorf("objects changed by the upgrade: %v, want only the Deployment", ch)
-		}
-		// The same values again: nothing is written.
-		k.helm(t, append(append([]string{"upgrade", "rsm", chart, "-n", ns}, image...), chartSet("server.logLevel=4")...)...)
-		if again := read(t); len(changed(s.rv, again.rv)) != 0 {
-			t.Errorf("an upgrade with the same values wrote %v", changed(s.rv, again.rv))
-		}
-		first = read(t)
-	})
-
-	t.Run("cert-renewal", func(t *testing.T) {
-		// A certificate within renewDays of its end (here: renewDays beyond
-		// its whole validity) is issued again at the next upgrade, from the
-		// same CA: caCert stays, clients need nothing new.
-		k.helm(t, append(append([]string{"upgrade", "rsm", chart, "-n", ns, "--reuse-values"}, image...), chartSet("tls.generate.renewDays=366")...)...)
-		s := read(t)
-		if s.tlsData == first.tlsData || s.leafSerial == first.leafSerial {
-			t.Errorf("the certificate was not issued again")
-		}
-		if s.caData != first.caData || s.caCert != first.caCert {
-			t.Errorf("renewing the certificate changed the CA")
-		}
-		t.Logf("renewed: serial %s -> %s, not-after %s -> %s, CA kept; objects written: %v", first.leafSerial, s.leafSerial, first.notAfter, s.notAfter, changed(first.rv, s.rv))
-		k.helm(t, append(append([]string{"upgrade", "rsm", chart, "-n", ns, "--reuse-values"}, image...), chartSet("tls.generate.renewDays=30")...)...)
-		first = read(t)
-		if first.tlsData != s.tlsData {
-			t.Errorf("an upgrade with the certificate far from its end issued it again")
-		}
-
-		// CA rotation: delete the CA's Secret and upgrade: a new CA, a new
-		// certificate from it, and the CR's caCert, in one upgrade.
-		k.kubectl(t, "-n", ns, "delete", "secret", "csi-rbdplugin-snapshot-metadata-ca-keypair")
-		k.helm(t, append([]string{"upgrade", "rsm", chart, "-n", ns, "--reuse-values"}, image...)...)
-		r := read(t)
-		if r.caData == first.caData || r.caCert == first.caCert || r.tlsData == first.tlsData {
-			t.Errorf("deleting the CA and upgrading did not rotate CA, caCert and certificate")
-		}
-		first = r
-	})
-
-	t.Run("second-namespace", func(t *testing.T) {
-		k.kubectl(t, "create", "namespace", ns2)
-		k.kubectl(t, "-n", ns2, "create", "configmap", "rook-ceph-csi-config", `--from-literal=csi-cluster-config-json=[{"clusterID":"c2","monitors":["192.0.2.2:6789"]}]`)
-		// The same driver in another namespace: one SnapshotMetadataService
-		// per driver, so Helm refuses to take the first release's CR.
-		out, err := k.helmErr(t, append([]string{"install", "rsm", chart, "-n", ns2}, image...)...)
-		if err == nil || !strings.Contains(out, "SnapshotMetadataService") || !strings.Contains(out, "rbd.csi.ceph.com") {
-			t.Errorf("a second release for driver rbd.csi.ceph.com: %v, want a refusal naming the SnapshotMetadataService", err)
-		}
-		if again := read(t); len(changed(first.rv, again.rv)) != 0 || again.caCert != first.caCert {
-			t.Errorf("the refused install changed the first one: %v", changed(first.rv, again.rv))
-		}
-		// Another driver, older Rook's ConfigMap and key.
-		k.helm(t, append(append([]string{"install", "rsm", chart, "-n", ns2}, image...),
-			chartSet("driverName="+ns2+".rbd.csi.ceph.com", "cephCSIConfig.configMapName=rook-ceph-csi-config", "cephCSIConfig.key=csi-cluster-config-json")...)...)
-		d := k.deployment(t, ns2, "rbd-snapshot-metadata")
-		for _, v := range d.Spec.Template.Spec.Volumes {
-			if v.Name == "ceph-csi-config" && (v.ConfigMap == nil || v.ConfigMap.Name != "rook-ceph-csi-config" || len(v.ConfigMap.Items) != 1 || v.ConfigMap.Items[0].Key != "csi-cluster-config-json" || v.ConfigMap.Items[0].Path != "config.json") {
-				t.Errorf("ceph-csi-config volume %+v", v.ConfigMap)
-			}
-		}
-		k.kubectl(t, "get", "snapshotmetadataservice", ns2+".rbd.csi.ceph.com")
-		for _, n := range []string{ns, ns2} {
-			if !k.allowed(t, n, "rbd-snapshot-metadata", "create", "authentication.k8s.io", "tokenreviews") {
-				t.Errorf("%s's sidecar lost its RBAC", n)
-			}
-		}
-	})
-
-	t.Run("uninstall", func(t *testing.T) {
-		k.helm(t, "uninstall", "rsm", "-n", ns2)
-		left := k.kubectl(t, "get", "clusterrole,clusterrolebinding,snapshotmetadataservice", "-o", "name")
-		for _, n := range []string{"rbd-snapshot-metadata:" + ns2 + ":sidecar", "rbd-snapshot-metadata:" + ns2 + ":client", ns2 + ".rbd.csi.ceph.com"} {
-			if strings.Contains(left, n) {
-				t.Errorf("%s is left after uninstall", n)
-			}
-		}
-		for _, l := range strings.Split(k.kubectl(t, "-n", ns2, "get", "deployment,service,secret,serviceaccount", "-o", "name"), "\n") {
-			if strings.Contains(l, "/") {
-				t.Errorf("left in %s after uninstall: %s", ns2, l)
-			}
-		}
-		// The first install is whole.
-		if again := read(t); len(changed(first.rv, again.rv)) != 0 {
-			t.Errorf("uninstalling the second release changed the first: %v", changed(first.rv, again.rv))
-		}
-		if !k.allowed(t, ns, "rbd-snapshot-metadata", "create", "authentication.k8s.io", "tokenreviews") {
-			t.Errorf("%s's sidecar lost its RBAC", ns)
-		}
-		k.helm(t, "uninstall", "rsm", "-n", ns)
-		if out, err := k.kubectlErr(t, "get", "snapshotmetadataservice", "rbd.csi.ceph.com"); err == nil || !bytes.Contains([]byte(out), []byte("NotFound")) {
-			t.Errorf("the CR is left after uninstall: %v", err)
-		}
-	})
+	t.Run("install", h.install)
+	t.Run("upgrade", h.upgrade)
+	t.Run("cert-renewal", h.certRenewal)
+	t.Run("second-namespace", h.secondNamespace)
+	t.Run("uninstall", h.uninstall)
 	t.Logf("helm test: %.1fs", time.Since(t0).Seconds())
+}
+
+// helmRun is what TestK8sHelm's steps share: the API server, the copy of
+// deploy/ and its chart, the image values, and the first release's state
+// as the last step left it.
+type helmRun struct {
+	k     *kube.Env
+	root  string
+	chart string
+	image []string
+	first helmState
+}
+
+// The namespaces of the first release and of the second.
+const helmNS, helmNS2 = "rsm-helm", "rsm-helm-2"
+
+// helmHost is the first release's Service name, in its certificate.
+const helmHost = "csi-rbdplugin-snapshot-metadata." + helmNS
+
+// lint: the chart lints strictly, and refuses a wrong TLS mode or a
+// missing CA with a message.
+func (h *helmRun) lint(t *testing.T) {
+	k, chart := h.k, h.chart
+	k.Helm(t, "lint", "--strict", chart)
+	k.Helm(t, append([]string{"lint", "--strict", chart, "--set-file", "tls.caCert=" + filepath.Join(k.Dir, "pki", "ca.crt")},
+		chartSet("tls.mode=certManager")...)...)
+	// A wrong mode or a missing CA is refused with a message, not rendered.
+	if out, err := k.HelmErr(t, append([]string{"template", "x", chart}, chartSet("tls.mode=secret")...)...); err == nil || !strings.Contains(out, "tls.caCert") {
+		t.Errorf("tls.mode=secret without tls.caCert: %v, want a refusal naming tls.caCert", err)
+	}
+	if out, err := k.HelmErr(t, append([]string{"template", "x", chart}, chartSet("tls.mode=acme")...)...); err == nil || !strings.Contains(out, "want generate, secret or certManager") {
+		t.Errorf("tls.mode=acme: %v, want a refusal", err)
+	}
+}
+
+// sameAsKustomize: helm template with values, in each TLS mode, renders
+// the objects kubectl kustomize builds of the example, but for Helm's
+// labels and the certificate material.
+func (h *helmRun) sameAsKustomize(t *testing.T, ex, ns string, values []string) {
+	k := h.k
+	genCerts(t, h.root, ex, ns)
+	example := filepath.Join(h.root, "examples", ex)
+	built := k.Kubectl(t, "kustomize", example)
+	caFile := filepath.Join(example, "certs", "ca.crt")
+	for _, mode := range []string{"generate", "secret"} {
+		args := append([]string{"template", "rsm", h.chart, "-n", ns}, h.image...)
+		args = append(args, values...)
+		if mode == "secret" {
+			args = append(args, "--set", "tls.mode=secret", "--set-file", "tls.caCert="+caFile)
+		}
+		got := objectsOf(t, k, k.Helm(t, args...))
+		want := objectsOf(t, k, built)
+		checkTLSMode(t, mode, ns, got, want)
+		for key, o := range got {
+			stripHelm(t, key, o, "rsm")
+			w, ok := want[key]
+			if !ok {
+				t.Errorf("%s: helm renders %s, kustomize does not", mode, key)
+				continue
+			}
+			for _, d := range diffObj(key, o, w) {
+				t.Errorf("%s: %s", mode, d)
+			}
+		}
+		for key := range want {
+			if got[key] == nil {
+				t.Errorf("%s: kustomize builds %s, helm does not", mode, key)
+			}
+		}
+		t.Logf("%s, tls.mode=%s: %d objects alike", ex, mode, len(got))
+	}
+}
+
+// checkTLSMode checks the certificate material that helm renders (got) in
+// mode against what kustomize builds (want), then takes it out of both
+// for the comparison of the rest: the chart's own CA and certificate, the
+// certificate's data, and the CRs' caCert.
+func checkTLSMode(t *testing.T, mode, ns string, got, want map[string]kobj) {
+	t.Helper()
+	sms := func(m map[string]kobj) kobj {
+		for key, o := range m {
+			if strings.HasPrefix(key, "SnapshotMetadataService ") {
+				return o
+			}
+		}
+		t.Fatalf("no SnapshotMetadataService")
+		return nil
+	}
+	hs, ks := sms(got), sms(want)
+	tlsKey := "Secret " + ns + "/csi-rbdplugin-snapshot-metadata-tls"
+	caKey := "Secret " + ns + "/csi-rbdplugin-snapshot-metadata-ca-keypair"
+	switch mode {
+	case "generate":
+		// The chart's own CA and certificate: valid for the
+		// Service's name, and the CR trusts that CA.
+		if got[caKey] == nil || got[tlsKey] == nil {
+			t.Fatalf("generate: no %s or %s", caKey, tlsKey)
+		}
+		leaf := tlsCheck(t, "helm template", got[tlsKey], hs["spec"].(kobj)["caCert"].(string), "csi-rbdplugin-snapshot-metadata."+ns)
+		if d := leaf.NotAfter.Sub(time.Now()); d < 364*24*time.Hour || d > 366*24*time.Hour {
+			t.Errorf("certificate valid for %v, want 365 days", d)
+		}
+		stripHelm(t, caKey, got[caKey], "rsm")
+		delete(got, caKey)
+		for _, o := range []kobj{got[tlsKey], want[tlsKey]} {
+			delete(o, "data")
+			delete(o["metadata"].(kobj), "annotations")
+		}
+	case "secret":
+		// Your Secret, your CA: the CR's caCert is kustomize's.
+		if got[tlsKey] != nil || got[caKey] != nil {
+			t.Errorf("tls.mode=secret renders a Secret")
+		}
+		delete(want, tlsKey)
+		if hs["spec"].(kobj)["caCert"] != ks["spec"].(kobj)["caCert"] {
+			t.Errorf("tls.mode=secret: caCert differs from kustomize's")
+		}
+	}
+	hs["spec"].(kobj)["caCert"], ks["spec"].(kobj)["caCert"] = "", ""
+}
+
+// sameAsKustomizeCertManager: tls.mode=certManager renders the Issuer,
+// Certificate and CR of examples/cert-manager, and no Secret.
+func (h *helmRun) sameAsKustomizeCertManager(t *testing.T) {
+	k := h.k
+	const ns = "ceph-csi-rbd"
+	genCerts(t, h.root, "cert-manager", ns)
+	example := filepath.Join(h.root, "examples", "cert-manager")
+	kust := objectsOf(t, k, k.Kubectl(t, "kustomize", example))
+	args := append([]string{"template", "rsm", h.chart, "-n", ns, "--set", "tls.mode=certManager",
+		"--set-file", "tls.caCert=" + filepath.Join(example, "certs", "ca.crt")}, h.image...)
+	got := objectsOf(t, k, k.Helm(t, args...))
+	for _, key := range []string{"Issuer " + ns + "/csi-rbdplugin-snapshot-metadata-ca", "Certificate " + ns + "/csi-rbdplugin-snapshot-metadata", "SnapshotMetadataService /rbd.csi.ceph.com"} {
+		rendered, built := got[key], kust[key]
+		if rendered == nil || built == nil {
+			t.Errorf("%s: helm %v, kustomize %v", key, rendered != nil, built != nil)
+			continue
+		}
+		stripHelm(t, key, rendered, "rsm")
+		for _, d := range diffObj(key, rendered, built) {
+			t.Error(d)
+		}
+	}
+	if got["Secret "+ns+"/csi-rbdplugin-snapshot-metadata-tls"] != nil {
+		t.Error("tls.mode=certManager renders the Secret cert-manager writes")
+	}
+}
+
+// helmState is what the first release's objects hold, read back.
+type helmState struct {
+	rv         map[string]string
+	tlsData    string
+	caData     string
+	caCert     string
+	args       []string
+	notAfter   string
+	dnsNames   string
+	leafSerial string
+}
+
+// read reads the first release's objects back, checking its CR and that
+// its caCert verifies its certificate.
+func (h *helmRun) read(t *testing.T) helmState {
+	t.Helper()
+	k := h.k
+	var s helmState
+	s.rv = k.ResourceVersions(t, "-n", helmNS, "deployment,service,secret,serviceaccount,snapshotmetadataservice,clusterrole,clusterrolebinding")
+	var sec, ca kobj
+	k.GetJSON(t, &sec, "-n", helmNS, "secret", "csi-rbdplugin-snapshot-metadata-tls")
+	k.GetJSON(t, &ca, "-n", helmNS, "secret", "csi-rbdplugin-snapshot-metadata-ca-keypair")
+	var sms struct {
+		Spec struct{ Address, CACert, Audience string }
+	}
+	k.GetJSON(t, &sms, "snapshotmetadataservice", "rbd.csi.ceph.com")
+	if sms.Spec.Address != helmHost+":6443" || sms.Spec.Audience != "rbd.csi.ceph.com" {
+		t.Errorf("SnapshotMetadataService %+v", sms.Spec)
+	}
+	leaf := tlsCheck(t, "installed", sec, sms.Spec.CACert, helmHost)
+	s.leafSerial = leaf.SerialNumber.String()
+	b, _ := json.Marshal(sec["data"])
+	s.tlsData = string(b)
+	b, _ = json.Marshal(ca["data"])
+	s.caData = string(b)
+	s.caCert = sms.Spec.CACert
+	ann := sec["metadata"].(kobj)["annotations"].(kobj)
+	s.notAfter, _ = ann["rbd-snapshot-metadata/not-after"].(string)
+	s.dnsNames, _ = ann["rbd-snapshot-metadata/dns-names"].(string)
+	d := deployment(t, k, helmNS, "rbd-snapshot-metadata")
+	for _, c := range d.Spec.Template.Spec.Containers {
+		s.args = append(s.args, c.Args...)
+	}
+	return s
+}
+
+// changed are the objects whose resourceVersion differs from a to b,
+// Helm's release records aside.
+func changed(a, b map[string]string) []string {
+	var d []string
+	for key, v := range b {
+		// Helm's release records are Secrets of the namespace too.
+		if a[key] != v && !strings.Contains(key, "/sh.helm.release.v1.") {
+			d = append(d, key)
+		}
+	}
+	sort.Strings(d)
+	return d
+}
+
+// install: deploy/README.md's Helm route, and the sidecar's RBAC.
+func (h *helmRun) install(t *testing.T) {
+	k := h.k
+	k.Kubectl(t, "create", "namespace", helmNS)
+	k.Kubectl(t, "-n", helmNS, "create", "configmap", "ceph-csi-config", `--from-literal=config.json=[{"clusterID":"c1","monitors":["192.0.2.1:6789"]}]`)
+	// deploy/README.md's Helm route.
+	k.Helm(t, append([]string{"install", "rsm", h.chart, "-n", helmNS}, h.image...)...)
+	h.first = h.read(t)
+	if !slices.Contains(h.first.args, "--max-streaming-duration-min=120") || !slices.Contains(h.first.args, "--v=2") {
+		t.Errorf("args %q", h.first.args)
+	}
+	for _, r := range [][3]string{
+		{"create", "authentication.k8s.io", "tokenreviews"},
+		{"create", "authorization.k8s.io", "subjectaccessreviews"},
+		{"get", "", "secrets"},
+		{"list", "cbt.storage.k8s.io", "snapshotmetadataservices"},
+	} {
+		if !k.Allowed(t, helmNS, "rbd-snapshot-metadata", r[0], r[1], r[2]) {
+			t.Errorf("%s/rbd-snapshot-metadata may not %s %s.%s", helmNS, r[0], r[2], r[1])
+		}
+	}
+	k.Helm(t, "status", "rsm", "-n", helmNS)
+}
+
+// upgrade: a changed value changes the Deployment only, the certificate
+// and CA stay; the same values again write nothing.
+func (h *helmRun) upgrade(t *testing.T) {
+	k, chart, image, first := h.k, h.chart, h.image, h.first
+	// A changed value: the Deployment changes, the certificate and CA stay.
+	k.Helm(t, append(append([]string{"upgrade", "rsm", chart, "-n", helmNS}, image...), chartSet("server.logLevel=4")...)...)
+	s := h.read(t)
+	if !slices.Contains(s.args, "--v=4") {
+		t.Errorf("after upgrade with server.logLevel=4: args %q", s.args)
+	}
+	if s.tlsData != first.tlsData || s.caData != first.caData || s.caCert != first.caCert {
+		t.Errorf("an upgrade changed the certificate or the CA")
+	}
+	ch := changed(first.rv, s.rv)
+	t.Logf("objects an upgrade with a changed value wrote: %v", ch)
+	if !slices.Equal(ch, []string{"Deployment " + helmNS + "/rbd-snapshot-metadata"}) {
+		t.Errorf("objects changed by the upgrade: %v, want only the Deployment", ch)
+	}
+	// The same values again: nothing is written.
+	k.Helm(t, append(append([]string{"upgrade", "rsm", chart, "-n", helmNS}, image...), chartSet("server.logLevel=4")...)...)
+	if again := h.read(t); len(changed(s.rv, again.rv)) != 0 {
+		t.Errorf("an upgrade with the same values wrote %v", changed(s.rv, again.rv))
+	}
+	h.first = h.read(t)
+}
+
+// certRenewal: a certificate near its end is issued again from the same
+// CA; one far from it is kept; a deleted CA is made anew with its
+// certificate and the CR's caCert.
+func (h *helmRun) certRenewal(t *testing.T) {
+	k, chart, image := h.k, h.chart, h.image
+	// A certificate within renewDays of its end (here: renewDays beyond
+	// its whole validity) is issued again at the next upgrade, from the
+	// same CA: caCert stays, clients need nothing new.
+	k.Helm(t, append(append([]string{"upgrade", "rsm", chart, "-n", helmNS, "--reuse-values"}, image...), chartSet("tls.generate.renewDays=366")...)...)
+	s := h.read(t)
+	if s.tlsData == h.first.tlsData || s.leafSerial == h.first.leafSerial {
+		t.Errorf("the certificate was not issued again")
+	}
+	if s.caData != h.first.caData || s.caCert != h.first.caCert {
+		t.Errorf("renewing the certificate changed the CA")
+	}
+	t.Logf("renewed: serial %s -> %s, not-after %s -> %s, CA kept; objects written: %v", h.first.leafSerial, s.leafSerial, h.first.notAfter, s.notAfter, changed(h.first.rv, s.rv))
+	k.Helm(t, append(append([]string{"upgrade", "rsm", chart, "-n", helmNS, "--reuse-values"}, image...), chartSet("tls.generate.renewDays=30")...)...)
+	h.first = h.read(t)
+	if h.first.tlsData != s.tlsData {
+		t.Errorf("an upgrade with the certificate far from its end issued it again")
+	}
+
+	// CA rotation: delete the CA's Secret and upgrade: a new CA, a new
+	// certificate from it, and the CR's caCert, in one upgrade.
+	k.Kubectl(t, "-n", helmNS, "delete", "secret", "csi-rbdplugin-snapshot-metadata-ca-keypair")
+	k.Helm(t, append([]string{"upgrade", "rsm", chart, "-n", helmNS, "--reuse-values"}, image...)...)
+	r := h.read(t)
+	if r.caData == h.first.caData || r.caCert == h.first.caCert || r.tlsData == h.first.tlsData {
+		t.Errorf("deleting the CA and upgrading did not rotate CA, caCert and certificate")
+	}
+	h.first = r
+}
+
+// secondNamespace: Helm refuses a second release for the same driver and
+// leaves the first as it was; one for another driver, with older Rook's
+// ConfigMap, installs next to it, and both keep their RBAC.
+func (h *helmRun) secondNamespace(t *testing.T) {
+	k, chart, image := h.k, h.chart, h.image
+	k.Kubectl(t, "create", "namespace", helmNS2)
+	k.Kubectl(t, "-n", helmNS2, "create", "configmap", "rook-ceph-csi-config", `--from-literal=csi-cluster-config-json=[{"clusterID":"c2","monitors":["192.0.2.2:6789"]}]`)
+	// The same driver in another namespace: one SnapshotMetadataService
+	// per driver, so Helm refuses to take the first release's CR.
+	out, err := k.HelmErr(t, append([]string{"install", "rsm", chart, "-n", helmNS2}, image...)...)
+	if err == nil || !strings.Contains(out, "SnapshotMetadataService") || !strings.Contains(out, "rbd.csi.ceph.com") {
+		t.Errorf("a second release for driver rbd.csi.ceph.com: %v, want a refusal naming the SnapshotMetadataService", err)
+	}
+	if again := h.read(t); len(changed(h.first.rv, again.rv)) != 0 || again.caCert != h.first.caCert {
+		t.Errorf("the refused install changed the first one: %v", changed(h.first.rv, again.rv))
+	}
+	// Another driver, older Rook's ConfigMap and key.
+	k.Helm(t, append(append([]string{"install", "rsm", chart, "-n", helmNS2}, image...),
+		chartSet("driverName="+helmNS2+".rbd.csi.ceph.com", "cephCSIConfig.configMapName=rook-ceph-csi-config", "cephCSIConfig.key=csi-cluster-config-json")...)...)
+	d := deployment(t, k, helmNS2, "rbd-snapshot-metadata")
+	for _, v := range d.Spec.Template.Spec.Volumes {
+		if v.Name == "ceph-csi-config" && (v.ConfigMap == nil || v.ConfigMap.Name != "rook-ceph-csi-config" || len(v.ConfigMap.Items) != 1 || v.ConfigMap.Items[0].Key != "csi-cluster-config-json" || v.ConfigMap.Items[0].Path != "config.json") {
+			t.Errorf("ceph-csi-config volume %+v", v.ConfigMap)
+		}
+	}
+	k.Kubectl(t, "get", "snapshotmetadataservice", helmNS2+".rbd.csi.ceph.com")
+	for _, n := range []string{helmNS, helmNS2} {
+		if !k.Allowed(t, n, "rbd-snapshot-metadata", "create", "authentication.k8s.io", "tokenreviews") {
+			t.Errorf("%s's sidecar lost its RBAC", n)
+		}
+	}
+}
+
+// uninstall: the second release leaves nothing behind and the first whole;
+// then the first goes too, its CR with it.
+func (h *helmRun) uninstall(t *testing.T) {
+	k := h.k
+	k.Helm(t, "uninstall", "rsm", "-n", helmNS2)
+	left := k.Kubectl(t, "get", "clusterrole,clusterrolebinding,snapshotmetadataservice", "-o", "name")
+	for _, n := range []string{"rbd-snapshot-metadata:" + helmNS2 + ":sidecar", "rbd-snapshot-metadata:" + helmNS2 + ":client", helmNS2 + ".rbd.csi.ceph.com"} {
+		if strings.Contains(left, n) {
+			t.Errorf("%s is left after uninstall", n)
+		}
+	}
+	for _, l := range strings.Split(k.Kubectl(t, "-n", helmNS2, "get", "deployment,service,secret,serviceaccount", "-o", "name"), "\n") {
+		if strings.Contains(l, "/") {
+			t.Errorf("left in %s after uninstall: %s", helmNS2, l)
+		}
+	}
+	// The first install is whole.
+	if again := h.read(t); len(changed(h.first.rv, again.rv)) != 0 {
+		t.Errorf("uninstalling the second release changed the first: %v", changed(h.first.rv, again.rv))
+	}
+	if !k.Allowed(t, helmNS, "rbd-snapshot-metadata", "create", "authentication.k8s.io", "tokenreviews") {
+		t.Errorf("%s's sidecar lost its RBAC", helmNS)
+	}
+	k.Helm(t, "uninstall", "rsm", "-n", helmNS)
+	if out, err := k.KubectlErr(t, "get", "snapshotmetadataservice", "rbd.csi.ceph.com"); err == nil || !bytes.Contains([]byte(out), []byte("NotFound")) {
+		t.Errorf("the CR is left after uninstall: %v", err)
+	}
 }

@@ -55,25 +55,14 @@ import (
 	"time"
 
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/harness"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/harness/kube"
 )
 
 // csiOperatorBin is e2e/k8s/k8s.sh csi-operator's folder: manager,
 // csi-operator/install.yaml, rook/*.yaml.
 func csiOperatorBin(t *testing.T) string {
 	t.Helper()
-	dir := os.Getenv("RSM_CSI_OPERATOR_BIN")
-	if msg := os.Getenv("RSM_CSI_OPERATOR_BUILD_ERROR"); dir == "" && msg != "" {
-		t.Fatal(msg)
-	}
-	if dir == "" {
-		t.Fatal("RSM_CSI_OPERATOR_BIN is not set: run e2e/run-e2e.sh (./dev.sh e2e), or export RSM_CSI_OPERATOR_BIN=$(e2e/k8s/k8s.sh csi-operator) and add it to RSM_BIND")
-	}
-	for _, f := range []string{"manager", "csi-operator/install.yaml", "rook/operator.yaml", "rook/csi-operator.yaml"} {
-		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
-			t.Fatalf("%v: e2e/k8s/k8s.sh csi-operator failed or its folder is not bound into the rootfs", err)
-		}
-	}
-	return dir
+	return kube.BuildDir(t, "RSM_CSI_OPERATOR", "csi-operator", "manager", "csi-operator/install.yaml", "rook/operator.yaml", "rook/csi-operator.yaml")
 }
 
 // opRoute is one way a user has the operator: its manifests, what the user
@@ -194,7 +183,7 @@ stringData: {userID: csi-rbd-node, userKey: AQDBWEdpAAAAABAAn7LrKEzaVYxsfp2YFI3Q
 
 func testOperatorRoute(t *testing.T, bin string, r opRoute) {
 	t0 := time.Now()
-	k := startControlPlane(t)
+	k := kube.StartControlPlane(t)
 	tmp := t.TempDir()
 
 	// The operator's install, as its docs say; its manager runs here as a
@@ -203,8 +192,8 @@ func testOperatorRoute(t *testing.T, bin string, r opRoute) {
 	// One file at a time, each file's CRDs established before the next
 	// one's objects (Rook's operator.yaml holds Driver CRs).
 	for _, m := range r.manifests {
-		k.kubectl(t, "create", "-f", m)
-		k.kubectl(t, "wait", "--for=condition=Established", "crd", "--all", "--timeout=120s")
+		k.Kubectl(t, "create", "-f", m)
+		k.Kubectl(t, "wait", "--for=condition=Established", "crd", "--all", "--timeout=120s")
 	}
 	var dep struct {
 		Spec struct {
@@ -220,11 +209,11 @@ func testOperatorRoute(t *testing.T, bin string, r opRoute) {
 			}
 		}
 	}
-	k.getJSON(t, &dep, "-n", r.ns, "deployment", r.manager)
+	k.GetJSON(t, &dep, "-n", r.ns, "deployment", r.manager)
 	// No kube-controller-manager here: these Deployments never get pods.
 	// Delete them so that nothing but the operator's own objects is left
 	// to check.
-	k.kubectl(t, append([]string{"-n", r.ns, "delete", "deployment", r.manager}, r.others...)...)
+	k.Kubectl(t, append([]string{"-n", r.ns, "delete", "deployment", r.manager}, r.others...)...)
 	ps := dep.Spec.Template.Spec
 	i := slices.IndexFunc(ps.Containers, func(c struct {
 		Name string
@@ -237,7 +226,7 @@ func testOperatorRoute(t *testing.T, bin string, r opRoute) {
 		t.Fatalf("no manager container in %s", r.manager)
 	}
 	mc := ps.Containers[i]
-	env := []string{"OPERATOR_NAMESPACE=" + r.ns, "KUBECONFIG=" + k.tokenKubeconfig(t, r.ns, ps.ServiceAccountName)}
+	env := []string{"OPERATOR_NAMESPACE=" + r.ns, "KUBECONFIG=" + k.TokenKubeconfig(t, r.ns, ps.ServiceAccountName)}
 	for _, e := range mc.Env {
 		if e.Name != "OPERATOR_NAMESPACE" {
 			env = append(env, e.Name+"="+e.Value)
@@ -247,16 +236,16 @@ func testOperatorRoute(t *testing.T, bin string, r opRoute) {
 	// finds no namespace for the lease and the manager exits; one manager
 	// runs here at a time. Ports: the harness's, not the pod's.
 	margs := slices.DeleteFunc(slices.Clone(mc.Args), func(a string) bool { return a == "--leader-elect" })
-	margs = append(margs, "--metrics-bind-address=0", fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", k.ports.health))
+	margs = append(margs, "--metrics-bind-address=0", fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", k.Ports.Health))
 	t.Logf("manager %v, env %v", margs, env[:1])
-	op := k.startOperator(t, bin, margs, env)
+	op := startOperator(t, k, bin, margs, env)
 
-	k.kubectl(t, "create", "-f", writeTmp(t, tmp, "objects.yaml", r.objects))
+	k.Kubectl(t, "create", "-f", writeTmp(t, tmp, "objects.yaml", r.objects))
 	ctrl := r.driver + "-ctrlplugin"
-	waitFor(t, "the operator's "+ctrl+" and nodeplugin", 3*time.Minute, func() bool {
-		_, e1 := k.kubectlQuiet("-n", r.ns, "get", "deployment", ctrl)
-		_, e2 := k.kubectlQuiet("-n", r.ns, "get", "daemonset", r.driver+"-nodeplugin")
-		out, e3 := k.kubectlQuiet("-n", r.ns, "get", "configmap", "ceph-csi-config", "-o", "jsonpath={.data.config\\.json}")
+	harness.WaitFor(t, "the operator's "+ctrl+" and nodeplugin", 3*time.Minute, func() bool {
+		_, e1 := k.KubectlQuiet("-n", r.ns, "get", "deployment", ctrl)
+		_, e2 := k.KubectlQuiet("-n", r.ns, "get", "daemonset", r.driver+"-nodeplugin")
+		out, e3 := k.KubectlQuiet("-n", r.ns, "get", "configmap", "ceph-csi-config", "-o", "jsonpath={.data.config\\.json}")
 		return e1 == nil && e2 == nil && e3 == nil && strings.Contains(out, r.monitors[0])
 	})
 
@@ -264,7 +253,7 @@ func testOperatorRoute(t *testing.T, bin string, r opRoute) {
 	root := filepath.Dir(deployTree(t))
 	if r.helmUpgrade != nil {
 		// helm built (RSM_HELM_BIN), or a failure that says why.
-		k.helm(t, "version", "--short")
+		k.Helm(t, "version", "--short")
 	}
 	for _, cmd := range readmeCommands(t, "../deploy/README.md", r.readmeRoute) {
 		for p, v := range r.fill {
@@ -273,7 +262,7 @@ func testOperatorRoute(t *testing.T, bin string, r opRoute) {
 		if regexp.MustCompile(`<[a-z][^>]*>`).MatchString(cmd) {
 			t.Fatalf("deploy/README.md's command has a placeholder the test does not fill: %s", cmd)
 		}
-		k.sh(t, root, cmd)
+		sh(t, k, root, cmd)
 	}
 
 	// The Driver's next reconcile: a change to it, then an operator restart.
@@ -282,18 +271,18 @@ func testOperatorRoute(t *testing.T, bin string, r opRoute) {
 	op.waitReconciled(t, r.driver, 0)
 	op.quiet(t, r.driver)
 
-	report := k.checkOperatorWrote(t, r)
+	report := checkOperatorWrote(t, k, r)
 	t.Logf("%s: what the operator wrote into %s:\n%s", r.name, ctrl, report)
 
 	if r.reapply != "" {
 		// An upgrade of the installer's manifest, client-side as its docs
 		// do, over the Driver our recipe patched; then a reconcile.
-		k.kubectl(t, "apply", "-f", r.reapply)
+		k.Kubectl(t, "apply", "-f", r.reapply)
 		op.touch(t, r)
-		k.checkOperatorWrote(t, r)
+		checkOperatorWrote(t, k, r)
 	}
 	if r.helmUpgrade != nil {
-		k.checkHelmUpgrade(t, r, op, filepath.Join(root, "deploy/helm/rbd-snapshot-metadata"))
+		checkHelmUpgrade(t, k, r, op, filepath.Join(root, "deploy/helm/rbd-snapshot-metadata"))
 	}
 	t.Logf("%s: %.1fs", r.name, time.Since(t0).Seconds())
 }
@@ -303,7 +292,7 @@ func testOperatorRoute(t *testing.T, bin string, r opRoute) {
 // (a change, then a restart), and checks again: the operator's ctrlplugin
 // and nodeplugin and our objects whole, the upgrade's values in our
 // Deployment, the CR's caCert and our sidecar's Secret kept.
-func (k *k8sEnv) checkHelmUpgrade(t *testing.T, r opRoute, op *csiOperator, chart string) {
+func checkHelmUpgrade(t *testing.T, k *kube.Env, r opRoute, op *csiOperator, chart string) {
 	t.Helper()
 	type state struct {
 		caCert, tlsRV, driverVols string
@@ -311,27 +300,27 @@ func (k *k8sEnv) checkHelmUpgrade(t *testing.T, r opRoute, op *csiOperator, char
 	read := func() state {
 		var s state
 		var err error
-		s.caCert, err = k.kubectlQuiet("get", "snapshotmetadataservice", r.driver, "-o", "jsonpath={.spec.caCert}")
+		s.caCert, err = k.KubectlQuiet("get", "snapshotmetadataservice", r.driver, "-o", "jsonpath={.spec.caCert}")
 		if err != nil {
 			t.Fatalf("SnapshotMetadataService %s: %v: %s", r.driver, err, s.caCert)
 		}
-		s.tlsRV, err = k.kubectlQuiet("-n", r.ns, "get", "secret", "csi-rbdplugin-snapshot-metadata-tls", "-o", "jsonpath={.metadata.resourceVersion}")
+		s.tlsRV, err = k.KubectlQuiet("-n", r.ns, "get", "secret", "csi-rbdplugin-snapshot-metadata-tls", "-o", "jsonpath={.metadata.resourceVersion}")
 		if err != nil {
 			t.Fatalf("Secret csi-rbdplugin-snapshot-metadata-tls: %v: %s", err, s.tlsRV)
 		}
-		s.driverVols, _ = k.kubectlQuiet("-n", r.ns, "get", "driver", r.driver, "-o", "jsonpath={.spec.controllerPlugin.volumes}")
+		s.driverVols, _ = k.KubectlQuiet("-n", r.ns, "get", "driver", r.driver, "-o", "jsonpath={.spec.controllerPlugin.volumes}")
 		return s
 	}
 	before := read()
-	k.helm(t, append([]string{"upgrade", "rbd-snapshot-metadata", chart, "-n", r.ns, "--reuse-values"}, chartSet(r.helmUpgrade...)...)...)
-	if st := k.helm(t, "status", "rbd-snapshot-metadata", "-n", r.ns, "-o", "json"); !strings.Contains(st, `"version":2`) || !strings.Contains(st, `"status":"deployed"`) {
+	k.Helm(t, append([]string{"upgrade", "rbd-snapshot-metadata", chart, "-n", r.ns, "--reuse-values"}, chartSet(r.helmUpgrade...)...)...)
+	if st := k.Helm(t, "status", "rbd-snapshot-metadata", "-n", r.ns, "-o", "json"); !strings.Contains(st, `"version":2`) || !strings.Contains(st, `"status":"deployed"`) {
 		t.Errorf("after helm upgrade, the release is not revision 2, deployed: %.300s", st)
 	}
 	op.touch(t, r)
 	op = op.restart(t)
 	op.waitReconciled(t, r.driver, 0)
 	op.quiet(t, r.driver)
-	report := k.checkOperatorWrote(t, r)
+	report := checkOperatorWrote(t, k, r)
 	t.Logf("%s: after helm upgrade %v and a reconcile:\n%s", r.name, r.helmUpgrade, report)
 
 	after := read()
@@ -346,7 +335,7 @@ func (k *k8sEnv) checkHelmUpgrade(t *testing.T, r opRoute, op *csiOperator, char
 			}
 		}
 	}
-	k.getJSON(t, &d, "-n", r.ns, "deployment", "rbd-snapshot-metadata")
+	k.GetJSON(t, &d, "-n", r.ns, "deployment", "rbd-snapshot-metadata")
 	want := map[string]string{}
 	for _, v := range r.helmUpgrade {
 		kv := strings.SplitN(v, "=", 2)
@@ -376,15 +365,15 @@ type opContainerRes struct {
 // ------------------------------------------------------------ the manager --
 
 type csiOperator struct {
-	k    *k8sEnv
-	p    *k8sProc
+	k    *kube.Env
+	p    *kube.Proc
 	bin  string
 	args []string
 	env  []string
 	runs int
 }
 
-func (k *k8sEnv) startOperator(t *testing.T, bin string, args, env []string) *csiOperator {
+func startOperator(t *testing.T, k *kube.Env, bin string, args, env []string) *csiOperator {
 	t.Helper()
 	o := &csiOperator{k: k, bin: bin, args: args, env: env}
 	o.start(t)
@@ -396,7 +385,7 @@ func (o *csiOperator) name() string { return fmt.Sprintf("ceph-csi-operator-%d",
 func (o *csiOperator) start(t *testing.T) {
 	t.Helper()
 	o.runs++
-	// k8sProc runs bin with the test's environment; the operator's comes
+	// kube.Proc runs bin with the test's environment; the operator's comes
 	// from its Deployment.
 	old := map[string]*string{}
 	for _, e := range o.env {
@@ -408,7 +397,7 @@ func (o *csiOperator) start(t *testing.T) {
 		}
 		os.Setenv(kv[0], kv[1])
 	}
-	o.p = o.k.start(t, o.name(), filepath.Join(o.bin, "manager"), o.args...)
+	o.p = o.k.StartProcess(t, o.name(), filepath.Join(o.bin, "manager"), o.args...)
 	for k, v := range old {
 		if v == nil {
 			os.Unsetenv(k)
@@ -423,7 +412,7 @@ func (o *csiOperator) start(t *testing.T) {
 func (o *csiOperator) touch(t *testing.T, r opRoute) {
 	t.Helper()
 	n := o.quiet(t, r.driver)
-	o.k.kubectl(t, "-n", r.ns, "annotate", "--overwrite", "driver", r.driver, "rsm-e2e/touched="+strconv.FormatInt(time.Now().UnixNano(), 10))
+	o.k.Kubectl(t, "-n", r.ns, "annotate", "--overwrite", "driver", r.driver, "rsm-e2e/touched="+strconv.FormatInt(time.Now().UnixNano(), 10))
 	o.waitReconciled(t, r.driver, n)
 	o.quiet(t, r.driver)
 }
@@ -432,7 +421,7 @@ func (o *csiOperator) touch(t *testing.T, r opRoute) {
 // (its log line names the Driver).
 func (o *csiOperator) reconciles(driver string) int {
 	re := regexp.MustCompile(`CSI Driver reconciliation completed successfully.*"name": "` + regexp.QuoteMeta(driver) + `"`)
-	return len(re.FindAllStringIndex(o.k.log(o.name()), -1))
+	return len(re.FindAllStringIndex(o.k.Log(o.name()), -1))
 }
 
 // quiet waits until the manager has not finished a reconcile of the Driver
@@ -440,7 +429,7 @@ func (o *csiOperator) reconciles(driver string) int {
 func (o *csiOperator) quiet(t *testing.T, driver string) int {
 	t.Helper()
 	n, since := o.reconciles(driver), time.Now()
-	waitFor(t, o.name()+": no reconcile of "+driver+" for 2 s", time.Minute, func() bool {
+	harness.WaitFor(t, o.name()+": no reconcile of "+driver+" for 2 s", time.Minute, func() bool {
 		if m := o.reconciles(driver); m != n {
 			n, since = m, time.Now()
 		}
@@ -453,9 +442,9 @@ func (o *csiOperator) quiet(t *testing.T, driver string) int {
 // than n.
 func (o *csiOperator) waitReconciled(t *testing.T, driver string, n int) {
 	t.Helper()
-	waitFor(t, o.name()+": a reconcile of "+driver, 2*time.Minute, func() bool {
-		if !o.p.running() {
-			t.Fatalf("%s exited: %v\n%s", o.name(), o.p.err, harness.Tail(o.k.log(o.name()), 30))
+	harness.WaitFor(t, o.name()+": a reconcile of "+driver, 2*time.Minute, func() bool {
+		if !o.p.Running() {
+			t.Fatalf("%s exited: %v\n%s", o.name(), o.p.Err, harness.Tail(o.k.Log(o.name()), 30))
 		}
 		return o.reconciles(driver) > n
 	})
@@ -465,10 +454,10 @@ func (o *csiOperator) waitReconciled(t *testing.T, driver string, n int) {
 // every Driver at start.
 func (o *csiOperator) restart(t *testing.T) *csiOperator {
 	t.Helper()
-	o.p.mayExit = true
-	_ = o.p.cmd.Process.Signal(syscall.SIGTERM)
+	o.p.MayExit = true
+	_ = o.p.Cmd.Process.Signal(syscall.SIGTERM)
 	select {
-	case <-o.p.exited:
+	case <-o.p.Exited:
 	case <-time.After(30 * time.Second):
 		t.Fatalf("%s still running 30 s after SIGTERM", o.name())
 	}
@@ -530,16 +519,16 @@ func readmeCommands(t *testing.T, readme, route string) []string {
 
 // sh runs one of the README's commands in dir (the checkout: deploy/ is
 // there) with bash, kubectl (and helm, if built) on PATH as admin.
-func (k *k8sEnv) sh(t *testing.T, dir, cmd string) {
+func sh(t *testing.T, k *kube.Env, dir, cmd string) {
 	t.Helper()
 	c := exec.Command("bash", "-euo", "pipefail", "-c", cmd)
 	c.Dir = dir
-	path := k.bin + ":" + os.Getenv("PATH")
+	path := k.Bin + ":" + os.Getenv("PATH")
 	if hb := os.Getenv("RSM_HELM_BIN"); hb != "" {
 		path = hb + ":" + path
 	}
-	home := filepath.Join(k.dir, "helm-home")
-	c.Env = append(os.Environ(), "PATH="+path, "KUBECONFIG="+k.adminKubeconfig(t), "HELM_CACHE_HOME="+home+"/cache",
+	home := filepath.Join(k.Dir, "helm-home")
+	c.Env = append(os.Environ(), "PATH="+path, "KUBECONFIG="+k.AdminKubeconfig(t), "HELM_CACHE_HOME="+home+"/cache",
 		"HELM_CONFIG_HOME="+home+"/config", "HELM_DATA_HOME="+home+"/data")
 	out, err := c.CombinedOutput()
 	t.Logf("$ %s\n%s", cmd, strings.TrimRight(string(out), "\n"))
@@ -548,38 +537,10 @@ func (k *k8sEnv) sh(t *testing.T, dir, cmd string) {
 	}
 }
 
-func (k *k8sEnv) adminKubeconfig(t *testing.T) string {
-	t.Helper()
-	cfg := filepath.Join(k.dir, "admin.kubeconfig")
-	if _, err := os.Stat(cfg); err != nil {
-		k.kubeconfig(t, "admin", "")
-	}
-	return cfg
-}
-
-// kubectlQuiet runs kubectl as admin without logging (for polling).
-func (k *k8sEnv) kubectlQuiet(args ...string) (string, error) {
-	cfg := filepath.Join(k.dir, "admin.kubeconfig")
-	out, err := exec.Command(filepath.Join(k.bin, "kubectl"), append([]string{"--kubeconfig", cfg}, args...)...).CombinedOutput()
-	return string(out), err
-}
-
-// tokenKubeconfig: a kubeconfig with a 24 h token of ns/sa.
-func (k *k8sEnv) tokenKubeconfig(t *testing.T, ns, sa string) string {
-	t.Helper()
-	body := k.must(t, "POST", "/api/v1/namespaces/"+ns+"/serviceaccounts/"+sa+"/token", "application/json",
-		`{"apiVersion":"authentication.k8s.io/v1","kind":"TokenRequest","spec":{"expirationSeconds":86400}}`)
-	var tr struct{ Status struct{ Token string } }
-	if err := json.Unmarshal(body, &tr); err != nil || tr.Status.Token == "" {
-		t.Fatalf("TokenRequest for %s/%s: %v: %s", ns, sa, err, body)
-	}
-	return k.kubeconfig(t, ns+"-"+sa, tr.Status.Token)
-}
-
 func writeTmp(t *testing.T, dir, name, s string) string {
 	t.Helper()
 	p := filepath.Join(dir, name)
-	writeFile(t, p, s)
+	kube.WriteFile(t, p, s)
 	return p
 }
 
@@ -682,175 +643,220 @@ func socketPath(addr string) string { return strings.TrimPrefix(addr, "unix://")
 // checkOperatorWrote checks every Deployment and DaemonSet in the route's
 // namespace (the operator's, and ours) and the SnapshotMetadataService; it
 // returns the injected sidecar's args and mounts for the log.
-func (k *k8sEnv) checkOperatorWrote(t *testing.T, r opRoute) string {
+func checkOperatorWrote(t *testing.T, k *kube.Env, r opRoute) string {
 	t.Helper()
-	var list struct{ Items []opWorkload }
-	k.getJSON(t, &list, "-n", r.ns, "deployments,daemonsets")
-	secrets := map[string]map[string]string{}
-	var sl struct {
-		Items []struct {
-			Metadata struct{ Name string }
-			Data     map[string]string
-		}
-	}
-	k.getJSON(t, &sl, "-n", r.ns, "secrets")
-	for _, s := range sl.Items {
-		secrets[s.Metadata.Name] = s.Data
-	}
-	cms := map[string]map[string]string{}
-	var cl struct {
-		Items []struct {
-			Metadata struct{ Name string }
-			Data     map[string]string
-		}
-	}
-	k.getJSON(t, &cl, "-n", r.ns, "configmaps")
-	for _, c := range cl.Items {
-		cms[c.Metadata.Name] = c.Data
-	}
-	sas := map[string]bool{}
-	var sal struct {
-		Items []struct{ Metadata struct{ Name string } }
-	}
-	k.getJSON(t, &sal, "-n", r.ns, "serviceaccounts")
-	for _, s := range sal.Items {
-		sas[s.Metadata.Name] = true
-	}
-
+	ns := readOpNamespace(t, k, r.ns)
 	var report strings.Builder
 	managed := 0
-	for _, w := range list.Items {
+	for _, w := range ns.workloads {
 		owned := slices.ContainsFunc(w.Metadata.OwnerReferences, func(o struct{ Kind, Name string }) bool {
 			return o.Kind == "Driver" && o.Name == r.driver
 		})
 		if owned {
 			managed++
 		}
-		what := w.Kind + " " + w.Metadata.Name
-		ps := w.Spec.Template.Spec
-		vols := map[string]opVolume{}
-		for _, v := range ps.Volumes {
-			vols[v.Name] = v
-		}
-		if sa := ps.ServiceAccountName; sa != "" && !sas[sa] {
-			t.Errorf("%s: ServiceAccount %s does not exist", what, sa)
-		}
-		for _, v := range ps.Volumes {
-			switch {
-			case v.Secret != nil:
-				if _, ok := secrets[v.Secret.SecretName]; !ok && !ptrTrue(v.Secret.Optional) {
-					t.Errorf("%s: volume %s: Secret %s does not exist", what, v.Name, v.Secret.SecretName)
-				}
-			case v.ConfigMap != nil:
-				if _, ok := cms[v.ConfigMap.Name]; !ok && !ptrTrue(v.ConfigMap.Optional) {
-					t.Errorf("%s: volume %s: ConfigMap %s does not exist", what, v.Name, v.ConfigMap.Name)
-				}
-			case v.Projected != nil:
-				for _, s := range v.Projected.Sources {
-					if s.Secret != nil && !ptrTrue(s.Secret.Optional) {
-						if _, ok := secrets[s.Secret.Name]; !ok {
-							t.Errorf("%s: volume %s: Secret %s does not exist", what, v.Name, s.Secret.Name)
-						}
-					}
-					if s.ConfigMap != nil && !ptrTrue(s.ConfigMap.Optional) {
-						if _, ok := cms[s.ConfigMap.Name]; !ok {
-							t.Errorf("%s: volume %s: ConfigMap %s does not exist", what, v.Name, s.ConfigMap.Name)
-						}
-					}
-				}
-			}
-		}
-		for _, c := range append(slices.Clone(ps.InitContainers), ps.Containers...) {
-			for _, m := range c.VolumeMounts {
-				if _, ok := vols[m.Name]; !ok {
-					t.Errorf("%s: container %s mounts %s at %s: the pod has no such volume", what, c.Name, m.Name, m.MountPath)
-				}
-			}
-			for _, e := range c.Env {
-				if e.ValueFrom == nil {
-					continue
-				}
-				if r := e.ValueFrom.SecretKeyRef; r != nil {
-					if _, ok := secrets[r.Name][r.Key]; !ok {
-						t.Errorf("%s: container %s env %s: Secret %s key %s does not exist", what, c.Name, e.Name, r.Name, r.Key)
-					}
-				}
-				if r := e.ValueFrom.ConfigMapKeyRef; r != nil {
-					if _, ok := cms[r.Name][r.Key]; !ok {
-						t.Errorf("%s: container %s env %s: ConfigMap %s key %s does not exist", what, c.Name, e.Name, r.Name, r.Key)
-					}
-				}
-			}
-			if !strings.Contains(c.Image, "csi-snapshot-metadata") {
-				continue
-			}
-			// A snapshot-metadata sidecar.
-			fmt.Fprintf(&report, "  %s, container %s (%s)\n    args:", what, c.Name, c.Image)
-			for _, a := range c.Args {
-				fmt.Fprintf(&report, " %s", a)
-			}
-			report.WriteString("\n    volumeMounts:")
-			for _, m := range c.VolumeMounts {
-				src := "?"
-				if v, ok := vols[m.Name]; ok {
-					src = volumeSource(v)
-				}
-				fmt.Fprintf(&report, " %s→%s (%s)", m.Name, m.MountPath, src)
-			}
-			report.WriteString("\n")
-			for _, f := range []string{"--tls-cert", "--tls-key"} {
-				p, ok := argValue(c.Args, f)
-				if !ok {
-					t.Errorf("%s: sidecar %s has no %s", what, c.Name, f)
-					continue
-				}
-				m, rel, ok := mountFor(c, p)
-				if !ok {
-					t.Errorf("%s: sidecar %s: %s=%s, but nothing is mounted there: the sidecar exits at start and the pod never becomes Ready", what, c.Name, f, p)
-					continue
-				}
-				v := vols[m.Name]
-				if v.Secret == nil {
-					t.Errorf("%s: sidecar %s: %s=%s is in volume %s, not a Secret", what, c.Name, f, p, m.Name)
-					continue
-				}
-				key := rel
-				for _, it := range v.Secret.Items {
-					if it.Path == rel {
-						key = it.Key
-					}
-				}
-				if _, ok := secrets[v.Secret.SecretName][key]; !ok {
-					t.Errorf("%s: sidecar %s: %s=%s: Secret %s has no key %s", what, c.Name, f, p, v.Secret.SecretName, key)
-				}
-			}
-			addr, ok := argValue(c.Args, "--csi-address")
-			if !ok {
-				t.Errorf("%s: sidecar %s has no --csi-address", what, c.Name)
-				continue
-			}
-			sock := socketPath(addr)
-			m, _, ok := mountFor(c, sock)
-			if !ok {
-				t.Errorf("%s: sidecar %s: --csi-address=%s is in no mounted volume", what, c.Name, addr)
-				continue
-			}
-			server := snapshotMetadataServer(ps.Containers, m.Name, sock)
-			if server == "" {
-				t.Errorf("%s: sidecar %s: no container serves SnapshotMetadata on %s (volume %s)", what, c.Name, sock, m.Name)
-			}
-			fmt.Fprintf(&report, "    %s is served by %s\n", sock, server)
-		}
+		ns.checkWorkload(t, w, &report)
 	}
 	if managed < 2 {
 		t.Errorf("the operator manages %d Deployments/DaemonSets for %s, want its ctrlplugin and nodeplugin", managed, r.driver)
 	}
+	checkSMSReachesUs(t, k, r, ns, &report)
+	checkClusterConfigRead(t, r, ns, &report)
+	return report.String()
+}
 
-	// The SnapshotMetadataService: named after the driver, to OUR server.
+// opNamespace is what a route's namespace holds: its Deployments and
+// DaemonSets, and the Secrets, ConfigMaps (name to data) and
+// ServiceAccounts they may refer to.
+type opNamespace struct {
+	workloads []opWorkload
+	secrets   map[string]map[string]string
+	cms       map[string]map[string]string
+	sas       map[string]bool
+}
+
+// readOpNamespace reads namespace ns's workloads and what they refer to.
+func readOpNamespace(t *testing.T, k *kube.Env, ns string) opNamespace {
+	t.Helper()
+	var list struct{ Items []opWorkload }
+	k.GetJSON(t, &list, "-n", ns, "deployments,daemonsets")
+	o := opNamespace{workloads: list.Items, secrets: map[string]map[string]string{},
+		cms: map[string]map[string]string{}, sas: map[string]bool{}}
+	var sl struct {
+		Items []struct {
+			Metadata struct{ Name string }
+			Data     map[string]string
+		}
+	}
+	k.GetJSON(t, &sl, "-n", ns, "secrets")
+	for _, s := range sl.Items {
+		o.secrets[s.Metadata.Name] = s.Data
+	}
+	var cl struct {
+		Items []struct {
+			Metadata struct{ Name string }
+			Data     map[string]string
+		}
+	}
+	k.GetJSON(t, &cl, "-n", ns, "configmaps")
+	for _, c := range cl.Items {
+		o.cms[c.Metadata.Name] = c.Data
+	}
+	var sal struct {
+		Items []struct{ Metadata struct{ Name string } }
+	}
+	k.GetJSON(t, &sal, "-n", ns, "serviceaccounts")
+	for _, s := range sal.Items {
+		o.sas[s.Metadata.Name] = true
+	}
+	return o
+}
+
+// checkWorkload: everything workload w refers to exists (its
+// ServiceAccount, its volumes' Secrets and ConfigMaps, its containers'
+// volumes and env references), and each snapshot-metadata sidecar in it
+// can start and reaches a server; the sidecars go in the report.
+func (o opNamespace) checkWorkload(t *testing.T, w opWorkload, report *strings.Builder) {
+	t.Helper()
+	what := w.Kind + " " + w.Metadata.Name
+	ps := w.Spec.Template.Spec
+	vols := map[string]opVolume{}
+	for _, v := range ps.Volumes {
+		vols[v.Name] = v
+	}
+	if sa := ps.ServiceAccountName; sa != "" && !o.sas[sa] {
+		t.Errorf("%s: ServiceAccount %s does not exist", what, sa)
+	}
+	for _, v := range ps.Volumes {
+		o.checkVolume(t, what, v)
+	}
+	for _, c := range append(slices.Clone(ps.InitContainers), ps.Containers...) {
+		for _, m := range c.VolumeMounts {
+			if _, ok := vols[m.Name]; !ok {
+				t.Errorf("%s: container %s mounts %s at %s: the pod has no such volume", what, c.Name, m.Name, m.MountPath)
+			}
+		}
+		for _, e := range c.Env {
+			if e.ValueFrom == nil {
+				continue
+			}
+			if r := e.ValueFrom.SecretKeyRef; r != nil {
+				if _, ok := o.secrets[r.Name][r.Key]; !ok {
+					t.Errorf("%s: container %s env %s: Secret %s key %s does not exist", what, c.Name, e.Name, r.Name, r.Key)
+				}
+			}
+			if r := e.ValueFrom.ConfigMapKeyRef; r != nil {
+				if _, ok := o.cms[r.Name][r.Key]; !ok {
+					t.Errorf("%s: container %s env %s: ConfigMap %s key %s does not exist", what, c.Name, e.Name, r.Name, r.Key)
+				}
+			}
+		}
+		if strings.Contains(c.Image, "csi-snapshot-metadata") {
+			o.checkSidecar(t, what, c, ps.Containers, vols, report)
+		}
+	}
+}
+
+// checkVolume: the Secrets and ConfigMaps of volume v exist, unless
+// optional.
+func (o opNamespace) checkVolume(t *testing.T, what string, v opVolume) {
+	t.Helper()
+	switch {
+	case v.Secret != nil:
+		if _, ok := o.secrets[v.Secret.SecretName]; !ok && !ptrTrue(v.Secret.Optional) {
+			t.Errorf("%s: volume %s: Secret %s does not exist", what, v.Name, v.Secret.SecretName)
+		}
+	case v.ConfigMap != nil:
+		if _, ok := o.cms[v.ConfigMap.Name]; !ok && !ptrTrue(v.ConfigMap.Optional) {
+			t.Errorf("%s: volume %s: ConfigMap %s does not exist", what, v.Name, v.ConfigMap.Name)
+		}
+	case v.Projected != nil:
+		for _, s := range v.Projected.Sources {
+			if s.Secret != nil && !ptrTrue(s.Secret.Optional) {
+				if _, ok := o.secrets[s.Secret.Name]; !ok {
+					t.Errorf("%s: volume %s: Secret %s does not exist", what, v.Name, s.Secret.Name)
+				}
+			}
+			if s.ConfigMap != nil && !ptrTrue(s.ConfigMap.Optional) {
+				if _, ok := o.cms[s.ConfigMap.Name]; !ok {
+					t.Errorf("%s: volume %s: ConfigMap %s does not exist", what, v.Name, s.ConfigMap.Name)
+				}
+			}
+		}
+	}
+}
+
+// checkSidecar: snapshot-metadata sidecar c (of a pod with containers cs
+// and volumes vols) has its certificate and key from a Secret that holds
+// them, and a server on its --csi-address; it goes in the report.
+func (o opNamespace) checkSidecar(t *testing.T, what string, c opContainer, cs []opContainer, vols map[string]opVolume, report *strings.Builder) {
+	t.Helper()
+	fmt.Fprintf(report, "  %s, container %s (%s)\n    args:", what, c.Name, c.Image)
+	for _, a := range c.Args {
+		fmt.Fprintf(report, " %s", a)
+	}
+	report.WriteString("\n    volumeMounts:")
+	for _, m := range c.VolumeMounts {
+		src := "?"
+		if v, ok := vols[m.Name]; ok {
+			src = volumeSource(v)
+		}
+		fmt.Fprintf(report, " %s→%s (%s)", m.Name, m.MountPath, src)
+	}
+	report.WriteString("\n")
+	for _, f := range []string{"--tls-cert", "--tls-key"} {
+		p, ok := argValue(c.Args, f)
+		if !ok {
+			t.Errorf("%s: sidecar %s has no %s", what, c.Name, f)
+			continue
+		}
+		m, rel, ok := mountFor(c, p)
+		if !ok {
+			t.Errorf("%s: sidecar %s: %s=%s, but nothing is mounted there: the sidecar exits at start and the pod never becomes Ready", what, c.Name, f, p)
+			continue
+		}
+		v := vols[m.Name]
+		if v.Secret == nil {
+			t.Errorf("%s: sidecar %s: %s=%s is in volume %s, not a Secret", what, c.Name, f, p, m.Name)
+			continue
+		}
+		key := rel
+		for _, it := range v.Secret.Items {
+			if it.Path == rel {
+				key = it.Key
+			}
+		}
+		if _, ok := o.secrets[v.Secret.SecretName][key]; !ok {
+			t.Errorf("%s: sidecar %s: %s=%s: Secret %s has no key %s", what, c.Name, f, p, v.Secret.SecretName, key)
+		}
+	}
+	addr, ok := argValue(c.Args, "--csi-address")
+	if !ok {
+		t.Errorf("%s: sidecar %s has no --csi-address", what, c.Name)
+		return
+	}
+	sock := socketPath(addr)
+	m, _, ok := mountFor(c, sock)
+	if !ok {
+		t.Errorf("%s: sidecar %s: --csi-address=%s is in no mounted volume", what, c.Name, addr)
+		return
+	}
+	server := snapshotMetadataServer(cs, m.Name, sock)
+	if server == "" {
+		t.Errorf("%s: sidecar %s: no container serves SnapshotMetadata on %s (volume %s)", what, c.Name, sock, m.Name)
+	}
+	fmt.Fprintf(report, "    %s is served by %s\n", sock, server)
+}
+
+// checkSMSReachesUs: the SnapshotMetadataService, named after the driver,
+// leads through its Service to a sidecar in front of OUR server, whose
+// certificate its caCert verifies.
+func checkSMSReachesUs(t *testing.T, k *kube.Env, r opRoute, ns opNamespace, report *strings.Builder) {
+	t.Helper()
 	var sms struct {
 		Spec struct{ Address, CACert, Audience string }
 	}
-	k.getJSON(t, &sms, "snapshotmetadataservice", r.driver)
+	k.GetJSON(t, &sms, "snapshotmetadataservice", r.driver)
 	hostPort := strings.SplitN(sms.Spec.Address, ":", 2)
 	host := hostPort[0]
 	svcNS := strings.SplitN(host+".", ".", 3)
@@ -866,7 +872,7 @@ func (k *k8sEnv) checkOperatorWrote(t *testing.T, r opRoute) string {
 	if len(hostPort) != 2 || svcNS[1] == "" {
 		t.Fatalf("SnapshotMetadataService %s: address %q is not <service>.<namespace>:<port>", r.driver, sms.Spec.Address)
 	}
-	k.getJSON(t, &svc, "-n", svcNS[1], "service", svcNS[0])
+	k.GetJSON(t, &svc, "-n", svcNS[1], "service", svcNS[0])
 	port, _ := strconv.Atoi(hostPort[1])
 	var target any
 	for _, p := range svc.Spec.Ports {
@@ -878,7 +884,7 @@ func (k *k8sEnv) checkOperatorWrote(t *testing.T, r opRoute) string {
 		t.Fatalf("Service %s has no port %d", host, port)
 	}
 	var reached []string
-	for _, w := range list.Items {
+	for _, w := range ns.workloads {
 		pod := w.Spec.Template
 		if svcNS[1] != r.ns || len(svc.Spec.Selector) == 0 || !selects(svc.Spec.Selector, pod.Metadata.Labels) {
 			continue
@@ -894,32 +900,43 @@ func (k *k8sEnv) checkOperatorWrote(t *testing.T, r opRoute) string {
 			if !strings.HasPrefix(server, "rbd-snapshot-metadata") {
 				t.Errorf("SnapshotMetadataService %s reaches %s %s's sidecar in front of %q, not our server", r.driver, w.Kind, w.Metadata.Name, server)
 			}
-			// caCert verifies the sidecar's certificate for the CR's host.
-			cert, _ := argValue(c.Args, "--tls-cert")
-			cm, rel, _ := mountFor(c, cert)
-			var sec opVolume
-			for _, v := range pod.Spec.Volumes {
-				if v.Name == cm.Name {
-					sec = v
-				}
-			}
-			if sec.Secret == nil {
-				t.Errorf("our sidecar's certificate is not from a Secret")
-				continue
-			}
-			if err := verifyCert(sms.Spec.CACert, secrets[sec.Secret.SecretName][rel], svcNS[0]+"."+svcNS[1]); err != nil {
-				t.Errorf("SnapshotMetadataService %s: caCert does not verify the sidecar's certificate (Secret %s) for %s: %v",
-					r.driver, sec.Secret.SecretName, host, err)
-			}
+			ns.checkSidecarCert(t, r.driver, host, svcNS[0]+"."+svcNS[1], sms.Spec.CACert, c, pod.Spec.Volumes)
 		}
 	}
 	if len(reached) == 0 {
 		t.Errorf("SnapshotMetadataService %s (%s) reaches no snapshot-metadata sidecar", r.driver, sms.Spec.Address)
 	}
-	fmt.Fprintf(&report, "  SnapshotMetadataService %s → %s → %s\n", r.driver, sms.Spec.Address, strings.Join(reached, "; "))
+	fmt.Fprintf(report, "  SnapshotMetadataService %s → %s → %s\n", r.driver, sms.Spec.Address, strings.Join(reached, "; "))
+}
 
-	// The cluster config our server reads holds the operator's monitors.
-	for _, w := range list.Items {
+// checkSidecarCert: caCert (the CR's) verifies sidecar c's certificate,
+// from a Secret volume of its pod, for svcHost (the Service's
+// name.namespace; host is the CR's, for the message).
+func (o opNamespace) checkSidecarCert(t *testing.T, driver, host, svcHost, caCert string, c opContainer, vols []opVolume) {
+	t.Helper()
+	cert, _ := argValue(c.Args, "--tls-cert")
+	cm, rel, _ := mountFor(c, cert)
+	var sec opVolume
+	for _, v := range vols {
+		if v.Name == cm.Name {
+			sec = v
+		}
+	}
+	if sec.Secret == nil {
+		t.Errorf("our sidecar's certificate is not from a Secret")
+		return
+	}
+	if err := verifyCert(caCert, o.secrets[sec.Secret.SecretName][rel], svcHost); err != nil {
+		t.Errorf("SnapshotMetadataService %s: caCert does not verify the sidecar's certificate (Secret %s) for %s: %v",
+			driver, sec.Secret.SecretName, host, err)
+	}
+}
+
+// checkClusterConfigRead: the cluster config our server reads holds the
+// operator's monitors for the route's clusterID.
+func checkClusterConfigRead(t *testing.T, r opRoute, ns opNamespace, report *strings.Builder) {
+	t.Helper()
+	for _, w := range ns.workloads {
 		for _, c := range w.Spec.Template.Spec.Containers {
 			cfg, ok := argValue(c.Args, "--clusterconfig")
 			if !ok || !strings.HasPrefix(c.Name, "rbd-snapshot-metadata") {
@@ -946,7 +963,7 @@ func (k *k8sEnv) checkOperatorWrote(t *testing.T, r opRoute) string {
 				ClusterID string   `json:"clusterID"`
 				Monitors  []string `json:"monitors"`
 			}
-			raw := cms[v.ConfigMap.Name][key]
+			raw := ns.cms[v.ConfigMap.Name][key]
 			if err := json.Unmarshal([]byte(raw), &entries); err != nil {
 				t.Errorf("ConfigMap %s key %s: %v: %q", v.ConfigMap.Name, key, err, raw)
 			}
@@ -960,11 +977,10 @@ func (k *k8sEnv) checkOperatorWrote(t *testing.T, r opRoute) string {
 				t.Errorf("our server reads ConfigMap %s key %s: %s; want clusterID %s with the CephConnection's monitors %v",
 					v.ConfigMap.Name, key, raw, r.clusterID, r.monitors)
 			} else {
-				fmt.Fprintf(&report, "  our server reads ConfigMap %s key %s: clusterID %s, monitors %v\n", v.ConfigMap.Name, key, r.clusterID, entries[i].Monitors)
+				fmt.Fprintf(report, "  our server reads ConfigMap %s key %s: clusterID %s, monitors %v\n", v.ConfigMap.Name, key, r.clusterID, entries[i].Monitors)
 			}
 		}
 	}
-	return report.String()
 }
 
 func must1(s string, _ bool) string { return s }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/harness"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/harness/kube"
 )
 
 // TestK8sSidecarResume stops the OSD for relOutage while the sidecar's
@@ -18,20 +19,20 @@ import (
 // get exactly the answer of an uninterrupted call, with no error.
 func TestK8sSidecarResume(t *testing.T) {
 	v, _ := harness.SharedManyWrites(t, 16384)
-	k := startK8s(t)
+	k := kube.Start(t)
 	addr := harness.FreeTCPAddr(t)
 	// -v=5: a line per page sent, which says the stream is under way.
-	srv := harness.StartServer(t, "--drivername", k8sDriver, "--ceph-op-timeout="+relOpTimeout.String(), "--metrics-address="+addr, "-v=5")
-	sidecar := k.startSidecar(t, "csi-snapshot-metadata", srv.Sock, k.ports.grpc, k.ports.health)
-	waitFor(t, "sidecar /health", time.Minute, func() bool { return healthy(k.ports.health) || !sidecar.running() })
-	if !sidecar.running() {
-		t.Fatalf("the sidecar exited: %v\n%s", sidecar.err, harness.Tail(k.log("csi-snapshot-metadata"), 30))
+	srv := harness.StartServer(t, "--drivername", kube.Driver, "--ceph-op-timeout="+relOpTimeout.String(), "--metrics-address="+addr, "-v=5")
+	sidecar := k.StartSidecar(t, "csi-snapshot-metadata", srv.Sock, k.Ports.GRPC, k.Ports.Health)
+	harness.WaitFor(t, "sidecar /health", time.Minute, func() bool { return kube.Healthy(k.Ports.Health) || !sidecar.Running() })
+	if !sidecar.Running() {
+		t.Fatalf("the sidecar exited: %v\n%s", sidecar.Err, harness.Tail(k.Log("csi-snapshot-metadata"), 30))
 	}
 	q := harness.MetaReq{Base: v.ID("s1"), Target: v.ID("s2"), Max: 1}
 	direct := srv.Get(t, q)
 	size := direct.Capacity()
-	k.volumeSnapshot(t, "big-s1", v.ID("s1"), size)
-	k.volumeSnapshot(t, "big-s2", v.ID("s2"), size)
+	k.VolumeSnapshot(t, "big-s1", v.ID("s1"), size)
+	k.VolumeSnapshot(t, "big-s2", v.ID("s2"), size)
 
 	type listed struct {
 		out string
@@ -40,13 +41,13 @@ func TestK8sSidecarResume(t *testing.T) {
 	sent := strings.Count(srv.Log(), `"Sending page"`) // the direct call's
 	done := make(chan listed, 1)
 	go func() {
-		out, err := k.lister(t, k8sBackupSA, "-s", "big-s2", "-p", "big-s1", "-max-results", "1")
+		out, err := k.Lister(t, kube.BackupSA, "-s", "big-s2", "-p", "big-s1", "-max-results", "1")
 		done <- listed{out, err}
 	}()
 	// Stop the OSD as soon as our server sends the stream's pages: this
 	// test is about a stream resumed in the middle (a request whose first
 	// open fails is retried too: TestReliabilityResume).
-	waitFor(t, "the lister's stream at our server", time.Minute, func() bool {
+	harness.WaitFor(t, "the lister's stream at our server", time.Minute, func() bool {
 		return strings.Count(srv.Log(), `"Sending page"`) > sent
 	})
 	harness.PauseOSD(t).Outage(relOutage)
@@ -62,8 +63,8 @@ func TestK8sSidecarResume(t *testing.T) {
 		t.Fatalf("lister: %v\n%s", l.err, harness.Tail(l.out, 10))
 	}
 	var got []harness.Span
-	for _, p := range parseLister(t, l.out) {
-		got = append(got, p.tuples...)
+	for _, p := range kube.ParseLister(t, l.out) {
+		got = append(got, p.Tuples...)
 	}
 	if d := harness.DiffSpans(direct.Tuples(), got); d != "" {
 		t.Errorf("the lister's answer differs from an uninterrupted call's: %s", d)

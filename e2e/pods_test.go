@@ -15,11 +15,8 @@ package e2e
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -32,6 +29,7 @@ import (
 	"time"
 
 	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/harness"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/harness/kube"
 )
 
 const (
@@ -42,7 +40,7 @@ const (
 // startNode brings the node up (node.sh up) in a folder of the test and
 // returns an admin client of its API server; node.sh down when the test
 // ends, with the logs' tails if it failed.
-func startNode(t *testing.T) *k8sEnv {
+func startNode(t *testing.T) *kube.Env {
 	t.Helper()
 	if os.Getenv("RSM_NODE_IP") == "" {
 		t.Skip("needs the network namespace and the images of e2e/run-pods.sh (./dev.sh pods)")
@@ -76,55 +74,41 @@ func startNode(t *testing.T) *k8sEnv {
 		t.Fatalf("node.sh up: %v\n%s", err, out)
 	}
 	t.Logf("node up in %.1fs:\n%s", time.Since(t0).Seconds(), out)
-	k := &k8sEnv{bin: k8sBin(t), dir: dir, api: "https://" + os.Getenv("RSM_NODE_IP") + ":6443",
-		crt: &k8sPKI{dir: filepath.Join(dir, "pki")}}
-	admin, err := tls.LoadX509KeyPair(k.crt.path("admin.crt"), k.crt.path("admin.key"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	caPEM, err := os.ReadFile(k.crt.path("ca.crt"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(caPEM)
-	k.http = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
-		TLSClientConfig: &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{admin}}}}
-	return k
+	return kube.Attach(t, dir, "https://"+os.Getenv("RSM_NODE_IP")+":6443")
 }
 
 // podObjects: what the backup side of a cluster has: the namespace of the
 // VolumeSnapshots, Ceph-CSI's snapshotter Secret and VolumeSnapshotClass,
 // a backup application's ServiceAccount bound to the chart's client role,
 // and one without it.
-func (k *k8sEnv) podObjects(t *testing.T) {
+func podObjects(t *testing.T, k *kube.Env) {
 	t.Helper()
-	k.kubectl(t, "create", "namespace", k8sNS)
-	k.kubectl(t, "-n", k8sNS, "create", "secret", "generic", k8sSecret,
+	k.Kubectl(t, "create", "namespace", kube.NS)
+	k.Kubectl(t, "-n", kube.NS, "create", "secret", "generic", kube.Secret,
 		"--from-literal=userID="+harness.ClusterEnv(t, "CEPH_CSI_USER"),
 		"--from-literal=userKey="+harness.ClusterEnv(t, "CEPH_CSI_KEY"))
-	f := filepath.Join(k.dir, "class.yaml")
-	writeFile(t, f, snapshotClass(k8sClass, k8sDriver))
-	k.kubectl(t, "apply", "-f", f)
-	k.kubectl(t, "-n", k8sNS, "create", "serviceaccount", k8sBackupSA)
-	k.kubectl(t, "-n", k8sNS, "create", "serviceaccount", k8sNoRoleSA)
+	f := filepath.Join(k.Dir, "class.yaml")
+	kube.WriteFile(t, f, kube.SnapshotClass(kube.Class, kube.Driver))
+	k.Kubectl(t, "apply", "-f", f)
+	k.Kubectl(t, "-n", kube.NS, "create", "serviceaccount", kube.BackupSA)
+	k.Kubectl(t, "-n", kube.NS, "create", "serviceaccount", kube.NoRoleSA)
 	// As the chart's rbac.yaml tells backup applications to.
-	k.kubectl(t, "create", "clusterrolebinding", "backup-app-snapshot-metadata",
-		"--clusterrole=rbd-snapshot-metadata:"+podNS+":client", "--serviceaccount="+k8sNS+":"+k8sBackupSA)
+	k.Kubectl(t, "create", "clusterrolebinding", "backup-app-snapshot-metadata",
+		"--clusterrole=rbd-snapshot-metadata:"+podNS+":client", "--serviceaccount="+kube.NS+":"+kube.BackupSA)
 }
 
 // waitRollout waits for a Deployment's rollout and returns how long it took.
-func (k *k8sEnv) waitRollout(t *testing.T, ns, deploy string, d time.Duration) time.Duration {
+func waitRollout(t *testing.T, k *kube.Env, ns, deploy string, d time.Duration) time.Duration {
 	t.Helper()
 	t0 := time.Now()
-	if out, err := k.kubectlErr(t, "-n", ns, "rollout", "status", "deploy/"+deploy, "--timeout="+d.String()); err != nil {
-		t.Fatalf("rollout of %s/%s: %v\n%s\n%s", ns, deploy, err, out, k.describePods(ns))
+	if out, err := k.KubectlErr(t, "-n", ns, "rollout", "status", "deploy/"+deploy, "--timeout="+d.String()); err != nil {
+		t.Fatalf("rollout of %s/%s: %v\n%s\n%s", ns, deploy, err, out, describePods(k, ns))
 	}
 	return time.Since(t0)
 }
 
-func (k *k8sEnv) describePods(ns string) string {
-	out, _ := k.kubectlQuiet("-n", ns, "get", "pods,events", "-o", "wide")
+func describePods(k *kube.Env, ns string) string {
+	out, _ := k.KubectlQuiet("-n", ns, "get", "pods,events", "-o", "wide")
 	return out
 }
 
@@ -153,10 +137,10 @@ type podInfo struct {
 	}
 }
 
-func (k *k8sEnv) pods(t *testing.T, ns, selector string) []podInfo {
+func pods(t *testing.T, k *kube.Env, ns, selector string) []podInfo {
 	t.Helper()
 	var l struct{ Items []podInfo }
-	out, err := k.kubectlQuiet("-n", ns, "get", "pods", "-l", selector, "-o", "json")
+	out, err := k.KubectlQuiet("-n", ns, "get", "pods", "-l", selector, "-o", "json")
 	if err != nil {
 		t.Fatalf("kubectl get pods: %v\n%s", err, out)
 	}
@@ -178,11 +162,11 @@ func (p podInfo) readyAfter() time.Duration {
 
 // checkPodsHealthy: every pod of the selector Running and Ready, no
 // container restarted; returns the pods.
-func (k *k8sEnv) checkPodsHealthy(t *testing.T, ns, selector string, want int) []podInfo {
+func checkPodsHealthy(t *testing.T, k *kube.Env, ns, selector string, want int) []podInfo {
 	t.Helper()
-	ps := k.pods(t, ns, selector)
+	ps := pods(t, k, ns, selector)
 	if len(ps) != want {
-		t.Errorf("%d pods of %s, want %d\n%s", len(ps), selector, want, k.describePods(ns))
+		t.Errorf("%d pods of %s, want %d\n%s", len(ps), selector, want, describePods(k, ns))
 	}
 	for _, p := range ps {
 		if p.Status.Phase != "Running" || p.readyAfter() < 0 {
@@ -200,18 +184,18 @@ func (k *k8sEnv) checkPodsHealthy(t *testing.T, ns, selector string, want int) [
 
 // runPod runs a backup client as a Pod of its own, with the
 // ServiceAccount sa, to its end; returns its log and whether it succeeded.
-func (k *k8sEnv) runPod(t *testing.T, name, sa, image string, args ...string) (string, bool) {
+func runPod(t *testing.T, k *kube.Env, name, sa, image string, args ...string) (string, bool) {
 	t.Helper()
-	return k.waitPod(t, k.startPod(t, name, sa, image, args...), 3*time.Minute)
+	return waitPod(t, k, startPod(t, k, name, sa, image, args...), 3*time.Minute)
 }
 
 // startPod creates the client's Pod (restartPolicy Never, non-root, a
 // read-only root) and returns its name.
-func (k *k8sEnv) startPod(t *testing.T, name, sa, image string, args ...string) string {
+func startPod(t *testing.T, k *kube.Env, name, sa, image string, args ...string) string {
 	t.Helper()
 	js, _ := json.Marshal(args)
-	f := filepath.Join(k.dir, "pod-"+name+".yaml")
-	writeFile(t, f, fmt.Sprintf(`apiVersion: v1
+	f := filepath.Join(k.Dir, "pod-"+name+".yaml")
+	kube.WriteFile(t, f, fmt.Sprintf(`apiVersion: v1
 kind: Pod
 metadata: {name: %s, namespace: %s}
 spec:
@@ -229,31 +213,31 @@ spec:
       readOnlyRootFilesystem: true
       capabilities: {drop: [ALL]}
       seccompProfile: {type: RuntimeDefault}
-`, name, k8sNS, sa, image, js))
-	k.kubectl(t, "apply", "-f", f)
+`, name, kube.NS, sa, image, js))
+	k.Kubectl(t, "apply", "-f", f)
 	return name
 }
 
 // waitPod waits for the client's Pod to end; returns its log and whether
 // it succeeded, and deletes it.
-func (k *k8sEnv) waitPod(t *testing.T, name string, d time.Duration) (string, bool) {
+func waitPod(t *testing.T, k *kube.Env, name string, d time.Duration) (string, bool) {
 	t.Helper()
 	t0 := time.Now()
 	var phase string
 	for time.Since(t0) < d {
-		out, _ := k.kubectlQuiet("-n", k8sNS, "get", "pod", name, "-o", "jsonpath={.status.phase}")
+		out, _ := k.KubectlQuiet("-n", kube.NS, "get", "pod", name, "-o", "jsonpath={.status.phase}")
 		phase = strings.TrimSpace(out)
 		if phase == "Succeeded" || phase == "Failed" {
 			break
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
-	logs, _ := k.kubectlQuiet("-n", k8sNS, "logs", name)
+	logs, _ := k.KubectlQuiet("-n", kube.NS, "logs", name)
 	t.Logf("pod %s: %s after %.1fs more, %d bytes of log", name, phase, time.Since(t0).Seconds(), len(logs))
 	if phase != "Succeeded" && phase != "Failed" {
-		t.Fatalf("pod %s did not end in %v (phase %q)\n%s", name, d, phase, k.describePods(k8sNS))
+		t.Fatalf("pod %s did not end in %v (phase %q)\n%s", name, d, phase, describePods(k, kube.NS))
 	}
-	k.kubectl(t, "-n", k8sNS, "delete", "pod", name, "--wait=false")
+	k.Kubectl(t, "-n", kube.NS, "delete", "pod", name, "--wait=false")
 	return logs, phase == "Succeeded"
 }
 
@@ -296,7 +280,7 @@ func TestPods(t *testing.T) {
 	if image == "" || tag == "" {
 		t.Fatal("RSM_POD_IMAGE and RSM_POD_TAG are not set (e2e/run-pods.sh sets them)")
 	}
-	k.podObjects(t)
+	podObjects(t, k)
 
 	// Ceph-CSI volumes and snapshots, and their VolumeSnapshots.
 	conn := harness.ConnectAdmin(t)
@@ -312,24 +296,24 @@ func TestPods(t *testing.T) {
 	a.Write(t, 28*harness.MiB, 4096)
 	a2 := a.Snapshot(t)
 	da1, da2 := a1.Data(t), a2.Data(t)
-	k.volumeSnapshot(t, "snap-a1", a1.Handle(), int64(len(da1)))
-	k.volumeSnapshot(t, "snap-a2", a2.Handle(), int64(len(da2)))
+	k.VolumeSnapshot(t, "snap-a1", a1.Handle(), int64(len(da1)))
+	k.VolumeSnapshot(t, "snap-a2", a2.Handle(), int64(len(da2)))
 
 	// ---- The chart, as deploy/README.md installs it: in Ceph-CSI's
 	// namespace, whose ConfigMap ceph-csi-config holds the monitors.
-	k.kubectl(t, "create", "namespace", podNS)
-	k.kubectl(t, "-n", podNS, "create", "configmap", "ceph-csi-config",
+	k.Kubectl(t, "create", "namespace", podNS)
+	k.Kubectl(t, "-n", podNS, "create", "configmap", "ceph-csi-config",
 		"--from-file=config.json="+filepath.Join(harness.ClusterEnv(t, "RSM_CLUSTER_DIR"), "csi-config.json"))
 	chart := filepath.Join("deploy", "helm", "rbd-snapshot-metadata")
 	t1 := time.Now()
 	// logLevel 4: a line per request, with its IDs, tells which pod
 	// serves a stream.
-	k.helm(t, "install", podRelease, chart, "-n", podNS, "--set", "image.repository="+image, "--set", "image.tag="+tag,
+	k.Helm(t, "install", podRelease, chart, "-n", podNS, "--set", "image.repository="+image, "--set", "image.tag="+tag,
 		"--set", "server.logLevel=4")
-	took := k.waitRollout(t, podNS, "rbd-snapshot-metadata", 5*time.Minute)
+	took := waitRollout(t, k, podNS, "rbd-snapshot-metadata", 5*time.Minute)
 	t.Logf("helm install to both replicas Ready: %.1fs (node up %.1fs before)", took.Seconds(), t1.Sub(t0).Seconds())
 	sel := "app=rbd-snapshot-metadata" // the chart's selector
-	ps := k.checkPodsHealthy(t, podNS, sel, 2)
+	ps := checkPodsHealthy(t, k, podNS, sel, 2)
 	if len(ps) != 2 {
 		t.FailNow()
 	}
@@ -338,7 +322,7 @@ func TestPods(t *testing.T) {
 		// The chart's limits.memory (512Mi) reaches the server through the
 		// downward API, and Go's limit is 3/4 of it.
 		for _, p := range ps {
-			log := k.kubectl(t, "-n", podNS, "logs", p.Metadata.Name, "-c", "rbd-snapshot-metadata")
+			log := k.Kubectl(t, "-n", podNS, "logs", p.Metadata.Name, "-c", "rbd-snapshot-metadata")
 			m := regexp.MustCompile(`Go memory limit from the container's[^\n]*`).FindString(log)
 			t.Logf("%s: %s", p.Metadata.Name, m)
 			if !strings.Contains(m, fmt.Sprintf("goMemoryLimit=%d", 512<<20*3/4)) || !strings.Contains(m, fmt.Sprintf(`memoryLimit="%d"`, 512<<20)) {
@@ -353,11 +337,11 @@ func TestPods(t *testing.T) {
 		before, targ []byte
 	}
 	for _, c := range []q{
-		{"allocated", []string{"-snapshot", "snap-a2", "-namespace", k8sNS}, nil, da2},
-		{"delta", []string{"-snapshot", "snap-a2", "-prev-snapshot", "snap-a1", "-namespace", k8sNS}, da1, da2},
+		{"allocated", []string{"-snapshot", "snap-a2", "-namespace", kube.NS}, nil, da2},
+		{"delta", []string{"-snapshot", "snap-a2", "-prev-snapshot", "snap-a1", "-namespace", kube.NS}, da1, da2},
 	} {
 		t.Run("backup-client/"+c.name, func(t *testing.T) {
-			logs, ok := k.runPod(t, "backup-"+c.name, k8sBackupSA, "rsm-e2e.local/backup-client:v1.1.0", c.args...)
+			logs, ok := runPod(t, k, "backup-"+c.name, kube.BackupSA, "rsm-e2e.local/backup-client:v1.1.0", c.args...)
 			if !ok {
 				t.Fatalf("backup client failed:\n%s", harness.Tail(logs, 20))
 			}
@@ -369,18 +353,18 @@ func TestPods(t *testing.T) {
 		})
 	}
 	t.Run("lister", func(t *testing.T) {
-		logs, ok := k.runPod(t, "lister", k8sBackupSA, "rsm-e2e.local/snapshot-metadata-lister:v1.1.0",
-			"-n", k8sNS, "-s", "snap-a2", "-p", "snap-a1", "-o", "json", "-max-results", "3")
+		logs, ok := runPod(t, k, "lister", kube.BackupSA, "rsm-e2e.local/snapshot-metadata-lister:v1.1.0",
+			"-n", kube.NS, "-s", "snap-a2", "-p", "snap-a1", "-o", "json", "-max-results", "3")
 		if !ok {
 			t.Fatalf("lister failed:\n%s", harness.Tail(logs, 20))
 		}
 		got := csiAnswer{capacity: -1}
-		for _, p := range parseLister(t, logs) {
-			if len(p.tuples) > 3 {
-				t.Errorf("a record of %d tuples, max-results 3", len(p.tuples))
+		for _, p := range kube.ParseLister(t, logs) {
+			if len(p.Tuples) > 3 {
+				t.Errorf("a record of %d tuples, max-results 3", len(p.Tuples))
 			}
-			got.capacity = p.capacity
-			got.extents = append(got.extents, p.tuples...)
+			got.capacity = p.Capacity
+			got.extents = append(got.extents, p.Tuples...)
 		}
 		csiCheckOracle(t, "lister pod delta", got, da1, da2, 0)
 	})
@@ -388,8 +372,8 @@ func TestPods(t *testing.T) {
 		// A client that may read the snapshots but asks for a token of a
 		// ServiceAccount without the client role: the sidecar's
 		// TokenReview and SubjectAccessReview refuse that account.
-		logs, ok := k.runPod(t, "impostor", k8sBackupSA, "rsm-e2e.local/backup-client:v1.1.0",
-			"-snapshot", "snap-a2", "-namespace", k8sNS, "-service-account", k8sNoRoleSA)
+		logs, ok := runPod(t, k, "impostor", kube.BackupSA, "rsm-e2e.local/backup-client:v1.1.0",
+			"-snapshot", "snap-a2", "-namespace", kube.NS, "-service-account", kube.NoRoleSA)
 		if ok {
 			t.Fatalf("a token of a ServiceAccount without the client role got an answer:\n%s", harness.Tail(logs, 5))
 		}
@@ -399,8 +383,8 @@ func TestPods(t *testing.T) {
 		t.Logf("refused: %s", strings.TrimSpace(harness.Tail(logs, 2)))
 	})
 	t.Run("refused-without-role", func(t *testing.T) {
-		logs, ok := k.runPod(t, "intruder", k8sNoRoleSA, "rsm-e2e.local/backup-client:v1.1.0",
-			"-snapshot", "snap-a2", "-namespace", k8sNS)
+		logs, ok := runPod(t, k, "intruder", kube.NoRoleSA, "rsm-e2e.local/backup-client:v1.1.0",
+			"-snapshot", "snap-a2", "-namespace", kube.NS)
 		if ok {
 			t.Fatalf("a ServiceAccount without the client role got an answer:\n%s", harness.Tail(logs, 5))
 		}
@@ -412,7 +396,7 @@ func TestPods(t *testing.T) {
 	t.Run("metrics-service", func(t *testing.T) {
 		// Through the metrics Service, as a scraper inside the cluster
 		// reaches it (the API server's service proxy picks an endpoint).
-		out := k.kubectl(t, "get", "--raw", "/api/v1/namespaces/"+podNS+"/services/rbd-snapshot-metadata-metrics:9191/proxy/metrics")
+		out := k.Kubectl(t, "get", "--raw", "/api/v1/namespaces/"+podNS+"/services/rbd-snapshot-metadata-metrics:9191/proxy/metrics")
 		if !strings.Contains(out, "rbd_snapshot_metadata_") {
 			t.Errorf("no rbd_snapshot_metadata_ metric through the Service:\n%s", harness.Tail(out, 10))
 		}
@@ -422,13 +406,13 @@ func TestPods(t *testing.T) {
 		// clients miss a replica with probability 2^-19.
 		served := map[string]int{}
 		for i := 0; i < 20 && (served[ps[0].Metadata.Name] == 0 || served[ps[len(ps)-1].Metadata.Name] == 0); i++ {
-			logs, ok := k.runPod(t, fmt.Sprintf("spread-%d", i), k8sBackupSA, "rsm-e2e.local/backup-client:v1.1.0",
-				"-snapshot", "snap-a1", "-namespace", k8sNS)
+			logs, ok := runPod(t, k, fmt.Sprintf("spread-%d", i), kube.BackupSA, "rsm-e2e.local/backup-client:v1.1.0",
+				"-snapshot", "snap-a1", "-namespace", kube.NS)
 			if !ok {
 				t.Fatalf("backup client failed:\n%s", harness.Tail(logs, 20))
 			}
 			for _, p := range ps {
-				log, _ := k.kubectlQuiet("-n", podNS, "logs", p.Metadata.Name, "-c", "rbd-snapshot-metadata")
+				log, _ := k.KubectlQuiet("-n", podNS, "logs", p.Metadata.Name, "-c", "rbd-snapshot-metadata")
 				served[p.Metadata.Name] = strings.Count(log, "GetMetadataAllocated")
 			}
 		}
@@ -439,7 +423,7 @@ func TestPods(t *testing.T) {
 			}
 		}
 	})
-	k.checkPodsHealthy(t, podNS, sel, 2)
+	checkPodsHealthy(t, k, podNS, sel, 2)
 
 	// ---- Lifecycle: a long Delta, read at a consumer's pace, while the
 	// pods are replaced under it: 32768 extents, 1000 tuples a record, so
@@ -453,8 +437,8 @@ func TestPods(t *testing.T) {
 	}
 	l2 := big.Snapshot(t)
 	dl1, dl2 := l1.Data(t), l2.Data(t)
-	k.volumeSnapshot(t, "snap-l1", l1.Handle(), int64(len(dl1)))
-	k.volumeSnapshot(t, "snap-l2", l2.Handle(), int64(len(dl2)))
+	k.VolumeSnapshot(t, "snap-l1", l1.Handle(), int64(len(dl1)))
+	k.VolumeSnapshot(t, "snap-l2", l2.Handle(), int64(len(dl2)))
 	// disrupt runs the long Delta at delay a record (33 records), calls
 	// during once it is under way, and checks what the client got: with
 	// cut, an error a backup tool retries (the fault outlasts the grace),
@@ -463,16 +447,16 @@ func TestPods(t *testing.T) {
 	// namespace, pre its VolumeSnapshots' prefix.
 	disrupt := func(t *testing.T, ns, pre, name, delay string, cut, allNew bool, during func(t *testing.T)) {
 		t.Helper()
-		before := podNames(k.pods(t, ns, sel))
-		pod := k.startPod(t, name, k8sBackupSA, "rsm-e2e.local/backup-client:v1.1.0", "-snapshot", pre+"l2",
-			"-prev-snapshot", pre+"l1", "-namespace", k8sNS, "-max-results", "1000", "-record-delay", delay)
+		before := podNames(pods(t, k, ns, sel))
+		pod := startPod(t, k, name, kube.BackupSA, "rsm-e2e.local/backup-client:v1.1.0", "-snapshot", pre+"l2",
+			"-prev-snapshot", pre+"l1", "-namespace", kube.NS, "-max-results", "1000", "-record-delay", delay)
 		// Mid-stream: once the first records have arrived.
-		waitFor(t, name+"'s first records", 2*time.Minute, func() bool {
-			out, _ := k.kubectlQuiet("-n", k8sNS, "logs", pod)
+		harness.WaitFor(t, name+"'s first records", 2*time.Minute, func() bool {
+			out, _ := k.KubectlQuiet("-n", kube.NS, "logs", pod)
 			return strings.Count(out, "\n") >= 2000
 		})
 		during(t)
-		logs, ok := k.waitPod(t, pod, 5*time.Minute)
+		logs, ok := waitPod(t, k, pod, 5*time.Minute)
 		if ok && cut {
 			t.Errorf("%s: the stream ended OK although its pod went away 2000 tuples into it: the buffers held it all, so this did not test a cut stream; make it longer", name)
 		}
@@ -487,16 +471,16 @@ func TestPods(t *testing.T) {
 			}
 			t.Logf("%s: the stream ended with a retryable error: %s", name, last)
 		}
-		k.waitRollout(t, ns, "rbd-snapshot-metadata", 5*time.Minute)
+		waitRollout(t, k, ns, "rbd-snapshot-metadata", 5*time.Minute)
 		// The replaced pods gone (their grace is 30 s), two Ready ones left.
-		waitFor(t, "the replaced pods gone", 2*time.Minute, func() bool {
-			ps := k.pods(t, ns, sel)
+		harness.WaitFor(t, "the replaced pods gone", 2*time.Minute, func() bool {
+			ps := pods(t, k, ns, sel)
 			return len(ps) == 2 && ps[0].readyAfter() >= 0 && ps[1].readyAfter() >= 0
 		})
-		after := k.checkPodsHealthy(t, ns, sel, 2)
+		after := checkPodsHealthy(t, k, ns, sel, 2)
 		// The next request: answered in full by a pod that was not there.
-		logs, ok = k.runPod(t, name+"-next", k8sBackupSA, "rsm-e2e.local/backup-client:v1.1.0",
-			"-snapshot", pre+"a2", "-prev-snapshot", pre+"a1", "-namespace", k8sNS)
+		logs, ok = runPod(t, k, name+"-next", kube.BackupSA, "rsm-e2e.local/backup-client:v1.1.0",
+			"-snapshot", pre+"a2", "-prev-snapshot", pre+"a1", "-namespace", kube.NS)
 		if !ok {
 			t.Fatalf("%s: the next request failed:\n%s", name, harness.Tail(logs, 10))
 		}
@@ -516,7 +500,7 @@ func TestPods(t *testing.T) {
 		}
 		served := false
 		for n := range podNames(after) {
-			if out, _ := k.kubectlQuiet("-n", ns, "logs", n, "-c", "rbd-snapshot-metadata"); strings.Contains(out, "GetMetadataDelta") {
+			if out, _ := k.KubectlQuiet("-n", ns, "logs", n, "-c", "rbd-snapshot-metadata"); strings.Contains(out, "GetMetadataDelta") {
 				served = served || !before[n]
 			}
 		}
@@ -528,7 +512,7 @@ func TestPods(t *testing.T) {
 	// records at 0.5 s.
 	t.Run("rolling-upgrade", func(t *testing.T) {
 		disrupt(t, podNS, "snap-", "upgrade", "500ms", false, true, func(t *testing.T) {
-			k.helm(t, "upgrade", podRelease, chart, "-n", podNS, "--reuse-values", "--set", "image.tag="+tag+"-next")
+			k.Helm(t, "upgrade", podRelease, chart, "-n", podNS, "--reuse-values", "--set", "image.tag="+tag+"-next")
 		})
 	})
 	// Past it: 33 records at 2 s, so that the server's grace and then the
@@ -537,8 +521,8 @@ func TestPods(t *testing.T) {
 		disrupt(t, podNS, "snap-", "deleted", "2s", true, false, func(t *testing.T) {
 			// The pod whose server has the stream.
 			var serving []string
-			for _, p := range k.pods(t, podNS, sel) {
-				out, _ := k.kubectlQuiet("-n", podNS, "logs", p.Metadata.Name, "-c", "rbd-snapshot-metadata")
+			for _, p := range pods(t, k, podNS, sel) {
+				out, _ := k.KubectlQuiet("-n", podNS, "logs", p.Metadata.Name, "-c", "rbd-snapshot-metadata")
 				if strings.Contains(out, l2.Handle()) {
 					serving = append(serving, p.Metadata.Name)
 				}
@@ -546,18 +530,18 @@ func TestPods(t *testing.T) {
 			if len(serving) != 1 {
 				t.Fatalf("%d pods logged the stream's request, want 1: %v", len(serving), serving)
 			}
-			k.kubectl(t, "-n", podNS, "delete", "pod", serving[0], "--wait=false")
+			k.Kubectl(t, "-n", podNS, "delete", "pod", serving[0], "--wait=false")
 		})
 	})
 
 	// ---- Memory, from the kernel: the server containers' cgroups after
 	// every stream above (the long Deltas included).
 	t.Run("memory-cgroup", func(t *testing.T) {
-		cg, err := os.ReadFile(filepath.Join(k.dir, "cgroup"))
+		cg, err := os.ReadFile(filepath.Join(k.Dir, "cgroup"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, p := range k.pods(t, podNS, sel) {
+		for _, p := range pods(t, k, podNS, sel) {
 			for _, c := range p.Status.ContainerStatuses {
 				if c.Name != "rbd-snapshot-metadata" {
 					continue
@@ -606,7 +590,7 @@ func TestPods(t *testing.T) {
 	// with Rook's driver name. (No Rook here, so no Driver CR to patch.)
 	t.Run("kustomize-rook", func(t *testing.T) {
 		const ns, driver, class = "rook-ceph", "rook-ceph.rbd.csi.ceph.com", "rook-ceph-snapclass"
-		src := filepath.Join(k.dir, "checkout")
+		src := filepath.Join(k.Dir, "checkout")
 		if err := os.CopyFS(filepath.Join(src, "deploy"), os.DirFS("deploy")); err != nil {
 			t.Fatal(err)
 		}
@@ -623,30 +607,30 @@ func TestPods(t *testing.T) {
 		if !strings.Contains(string(b), was) {
 			t.Fatalf("%s sets the image otherwise than %q", kz, was)
 		}
-		writeFile(t, kz, strings.Replace(string(b), was, "newName: "+image+"\n    newTag: "+tag, 1))
-		k.kubectl(t, "create", "namespace", ns)
-		k.kubectl(t, "-n", ns, "create", "configmap", "ceph-csi-config",
+		kube.WriteFile(t, kz, strings.Replace(string(b), was, "newName: "+image+"\n    newTag: "+tag, 1))
+		k.Kubectl(t, "create", "namespace", ns)
+		k.Kubectl(t, "-n", ns, "create", "configmap", "ceph-csi-config",
 			"--from-file=config.json="+filepath.Join(harness.ClusterEnv(t, "RSM_CLUSTER_DIR"), "csi-config.json"))
 		t0 := time.Now()
-		k.kubectl(t, "apply", "--server-side", "--field-manager=rbd-snapshot-metadata", "-k", example)
-		k.waitRollout(t, ns, "rbd-snapshot-metadata", 5*time.Minute)
+		k.Kubectl(t, "apply", "--server-side", "--field-manager=rbd-snapshot-metadata", "-k", example)
+		waitRollout(t, k, ns, "rbd-snapshot-metadata", 5*time.Minute)
 		t.Logf("kubectl apply -k to both replicas Ready: %.1fs", time.Since(t0).Seconds())
-		k.checkPodsHealthy(t, ns, sel, 2)
+		checkPodsHealthy(t, k, ns, sel, 2)
 
-		f := filepath.Join(k.dir, "rook-class.yaml")
-		writeFile(t, f, snapshotClass(class, driver))
-		k.kubectl(t, "apply", "-f", f)
+		f := filepath.Join(k.Dir, "rook-class.yaml")
+		kube.WriteFile(t, f, kube.SnapshotClass(class, driver))
+		k.Kubectl(t, "apply", "-f", f)
 		for n, v := range map[string]struct {
 			h string
 			d []byte
 		}{"a1": {a1.Handle(), da1}, "a2": {a2.Handle(), da2}, "l1": {l1.Handle(), dl1}, "l2": {l2.Handle(), dl2}} {
-			k.volumeSnapshotOf(t, driver, class, "rook-"+n, v.h, int64(len(v.d)))
+			k.VolumeSnapshotOf(t, driver, class, "rook-"+n, v.h, int64(len(v.d)))
 		}
-		k.kubectl(t, "create", "clusterrolebinding", "backup-app-rook-snapshot-metadata",
-			"--clusterrole=rbd-snapshot-metadata:"+ns+":client", "--serviceaccount="+k8sNS+":"+k8sBackupSA)
+		k.Kubectl(t, "create", "clusterrolebinding", "backup-app-rook-snapshot-metadata",
+			"--clusterrole=rbd-snapshot-metadata:"+ns+":client", "--serviceaccount="+kube.NS+":"+kube.BackupSA)
 
-		logs, ok := k.runPod(t, "rook-delta", k8sBackupSA, "rsm-e2e.local/backup-client:v1.1.0",
-			"-snapshot", "rook-a2", "-prev-snapshot", "rook-a1", "-namespace", k8sNS)
+		logs, ok := runPod(t, k, "rook-delta", kube.BackupSA, "rsm-e2e.local/backup-client:v1.1.0",
+			"-snapshot", "rook-a2", "-prev-snapshot", "rook-a1", "-namespace", kube.NS)
 		if !ok {
 			t.Fatalf("backup client failed:\n%s", harness.Tail(logs, 20))
 		}
@@ -655,7 +639,7 @@ func TestPods(t *testing.T) {
 
 		// The kustomize routes' rolling restart, during a long Delta.
 		disrupt(t, ns, "rook-", "restart", "500ms", false, true, func(t *testing.T) {
-			k.kubectl(t, "-n", ns, "rollout", "restart", "deploy/rbd-snapshot-metadata")
+			k.Kubectl(t, "-n", ns, "rollout", "restart", "deploy/rbd-snapshot-metadata")
 		})
 	})
 }
@@ -683,7 +667,7 @@ The node is up (logs: %s/logs). In another shell, enter its network namespace:
   nsenter --net=/proc/%d/ns/net -- %s/e2e/in-rootfs.sh -b %s -b %s -w %s bash
   export KUBECONFIG=%s/kubeconfig PATH=%s:$PATH
 Our image is %s:%s. Ctrl-C here brings it all down.
-`, k.dir, os.Getpid(), mustGetwd(t), k.dir, k.bin, mustGetwd(t), k.dir, k.bin, os.Getenv("RSM_POD_IMAGE"), os.Getenv("RSM_POD_TAG"))
+`, k.Dir, os.Getpid(), mustGetwd(t), k.Dir, k.Bin, mustGetwd(t), k.Dir, k.Bin, os.Getenv("RSM_POD_IMAGE"), os.Getenv("RSM_POD_TAG"))
 	<-ctx.Done()
 }
 

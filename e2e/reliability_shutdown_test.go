@@ -96,7 +96,7 @@ func TestReliabilityShutdown(t *testing.T) {
 	// New requests are refused while the old ones end: once the server
 	// has taken the signal (its "Stopping" line), and its gRPC server has
 	// stopped taking streams (GracefulStop, a moment later).
-	waitFor(t, "the server's Stopping line", 30*time.Second, func() bool { return strings.Contains(srv.Log(), `"Stopping"`) })
+	harness.WaitFor(t, "the server's Stopping line", 30*time.Second, func() bool { return strings.Contains(srv.Log(), `"Stopping"`) })
 	late := srv.Call(ctx, qs[0])
 	for t1 := time.Now(); late.Err == nil && time.Since(t1) < grace; {
 		time.Sleep(20 * time.Millisecond)

@@ -15,6 +15,10 @@
 // it made (images, connections, processes) when the test ends, with
 // t.Cleanup.
 //
+// The Kubernetes side (a control plane, kubectl, helm, the sidecar and its
+// lister) is the package kube below it (e2e/harness/kube), which builds on
+// this one.
+//
 // By file:
 //
 //   - cluster.go: the cluster's environment (ClusterEnv), RADOS
@@ -44,6 +48,8 @@
 //   - faults.go: a daemon paused (PauseDaemon), the OSD killed and
 //     restarted (KillOSD), and the wait until the cluster serves I/O
 //     again (WaitClusterIO).
+//   - wait.go: polling until a condition holds (WaitFor), and whether a
+//     channel is closed (Closed).
 //   - procserver.go: a server process that can be killed and restarted on
 //     the same socket (StartProc, ProcServer), free addresses and short
 //     socket paths (FreeTCPAddr, ShortSocket), and /metrics (Scrape,

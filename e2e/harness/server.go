@@ -148,14 +148,7 @@ func ServerHasPrecision(t testing.TB, mode string) bool {
 func (s *Server) PID() int { return s.Cmd.Process.Pid }
 
 // Running reports whether the server process is still there.
-func (s *Server) Running() bool {
-	select {
-	case <-s.exited:
-		return false
-	default:
-		return true
-	}
-}
+func (s *Server) Running() bool { return !Closed(s.exited) }
 
 // Log returns what the server logged so far.
 func (s *Server) Log() string {
