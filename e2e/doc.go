@@ -174,6 +174,8 @@
 // they skip. TestPodsHold is ./dev.sh node:
 //
 //   - pods_test.go: TestPods, TestPodsHold
+//   - pods_memory_test.go: (the memory subtests of the pods test: stalled readers
+//     beside a precise stream; the containers' memory cgroups)
 //
 // The benchmark, skipped unless RSM_BENCH=1 (e2e/run-bench.sh, ./dev.sh
 // bench):

@@ -22,7 +22,6 @@ import (
 	"os/signal"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -534,53 +533,15 @@ func TestPods(t *testing.T) {
 		})
 	})
 
-	// ---- Memory, from the kernel: the server containers' cgroups after
-	// every stream above (the long Deltas included).
+	// ---- Memory, from the kernel (pods_memory_test.go): under stalled
+	// readers beside a precise stream, then the server containers' cgroups
+	// after every stream above (the long Deltas included).
+	t.Run("memory-stalled-readers", func(t *testing.T) { stalledReaders(t, k, sel, dl1, dl2) })
 	t.Run("memory-cgroup", func(t *testing.T) {
-		cg, err := os.ReadFile(filepath.Join(k.Dir, "cgroup"))
-		if err != nil {
-			t.Fatal(err)
-		}
 		for _, p := range pods(t, k, podNS, sel) {
-			for _, c := range p.Status.ContainerStatuses {
-				if c.Name != "rbd-snapshot-metadata" {
-					continue
-				}
-				if c.RestartCount != 0 {
-					t.Errorf("%s: %d restarts", p.Metadata.Name, c.RestartCount)
-				}
-				id := strings.TrimPrefix(c.ContainerID, "containerd://")
-				dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/memory", strings.TrimSpace(string(cg)), "kubepods*", "*pod"+p.Metadata.UID, id))
-				more, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/memory", strings.TrimSpace(string(cg)), "kubepods*", "*", "*pod"+p.Metadata.UID, id))
-				dirs = append(dirs, more...)
-				if len(dirs) != 1 {
-					t.Fatalf("%s: the container's memory cgroup: found %v", p.Metadata.Name, dirs)
-				}
-				read := func(f string) int64 {
-					b, err := os.ReadFile(filepath.Join(dirs[0], f))
-					if err != nil {
-						t.Fatal(err)
-					}
-					n, err := strconv.ParseInt(strings.Fields(string(b))[0], 10, 64)
-					if err != nil {
-						t.Fatal(err)
-					}
-					return n
-				}
-				limit, peak := read("memory.limit_in_bytes"), read("memory.max_usage_in_bytes")
-				oom, _ := os.ReadFile(filepath.Join(dirs[0], "memory.oom_control"))
-				t.Logf("%s: cgroup limit %d MiB, peak usage %.1f MiB; %s", p.Metadata.Name, limit>>20, float64(peak)/(1<<20),
-					strings.ReplaceAll(strings.TrimSpace(string(oom)), "\n", ", "))
-				if limit != 512<<20 {
-					t.Errorf("%s: the cgroup's limit is %d, want the chart's 512Mi", p.Metadata.Name, limit)
-				}
-				if peak >= limit {
-					t.Errorf("%s: peak %d reached the limit %d", p.Metadata.Name, peak, limit)
-				}
-				if !strings.Contains(string(oom), "oom_kill 0") {
-					t.Errorf("%s: the kernel OOM-killed in the container: %s", p.Metadata.Name, oom)
-				}
-			}
+			m := containerMemory(t, k, p, "rbd-snapshot-metadata")
+			t.Logf("%s: %s", p.Metadata.Name, m)
+			m.checkUnderLimit(t, p.Metadata.Name)
 		}
 	})
 

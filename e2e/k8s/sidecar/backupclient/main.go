@@ -17,6 +17,15 @@
 // failure it writes the error on stderr, no done line, and exits 1; a bad
 // command line exits 2. A test reads `kubectl logs` and compares the
 // tuples with its byte oracle.
+//
+// With -streams N (N > 1) it runs N such calls at once, as a backup tool
+// that reads several volumes does, and writes no tuples: a line a record,
+//
+//	{"stream":I,"record":N,"tuples":N}
+//
+// and at each stream's end {"stream":I,"done":true,"tuples":N} or
+// {"stream":I,"error":"..."}; it exits 1 if any stream failed. With a long
+// -record-delay these are stalled readers, which hold a stream each.
 package main
 
 import (
@@ -27,6 +36,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -44,10 +54,11 @@ func main() {
 		kubeconfig = flag.String("kubeconfig", "", "kubeconfig file; empty: the in-cluster config of the pod")
 		maxResults = flag.Int("max-results", 0, "tuples per record; 0, as Velero asks: the CSI driver's choice")
 		delay      = flag.Duration("record-delay", 0, "how long to spend on each record before taking the next: a consumer that reads each page's data (the lifecycle tests)")
+		streams    = flag.Int("streams", 1, "calls at once; above 1, a line a record instead of the tuples")
 	)
 	flag.Parse()
-	if *snapshot == "" || *namespace == "" || flag.NArg() != 0 {
-		fmt.Fprintln(os.Stderr, "backup-client: -snapshot and -namespace are required, and no arguments")
+	if *snapshot == "" || *namespace == "" || *streams < 1 || flag.NArg() != 0 {
+		fmt.Fprintln(os.Stderr, "backup-client: -snapshot and -namespace are required, -streams at least 1, and no arguments")
 		flag.Usage()
 		os.Exit(2)
 	}
@@ -66,7 +77,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	out := bufio.NewWriter(os.Stdout)
-	err := run(ctx, *kubeconfig, args, out, *delay)
+	err := run(ctx, *kubeconfig, args, out, *delay, *streams)
 	if ferr := out.Flush(); err == nil && ferr != nil {
 		err = fmt.Errorf("writing stdout: %w", ferr)
 	}
@@ -76,7 +87,7 @@ func main() {
 	}
 }
 
-func run(ctx context.Context, kubeconfig string, args iterator.Args, w *bufio.Writer, delay time.Duration) error {
+func run(ctx context.Context, kubeconfig string, args iterator.Args, w *bufio.Writer, delay time.Duration, streams int) error {
 	var (
 		config *rest.Config
 		err    error
@@ -92,16 +103,52 @@ func run(ctx context.Context, kubeconfig string, args iterator.Args, w *bufio.Wr
 	if args.Clients, err = iterator.BuildClients(config); err != nil {
 		return err
 	}
-	e := &emitter{w: w, delay: delay}
-	args.Emitter = e
-	return iterator.GetSnapshotMetadata(ctx, args)
+	if streams == 1 {
+		args.Emitter = &emitter{ctx: ctx, w: w, delay: delay}
+		return iterator.GetSnapshotMetadata(ctx, args)
+	}
+	var (
+		mu     sync.Mutex // w's
+		wg     sync.WaitGroup
+		failed = make([]error, streams)
+	)
+	line := func(format string, a ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		fmt.Fprintf(w, format+"\n", a...)
+		w.Flush()
+	}
+	for i := range streams {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			a := args
+			e := &emitter{ctx: ctx, delay: delay, stream: i, line: line}
+			a.Emitter = e
+			if failed[i] = iterator.GetSnapshotMetadata(ctx, a); failed[i] != nil {
+				line("{\"stream\":%d,\"error\":%q}", i, failed[i].Error())
+				return
+			}
+			line("{\"stream\":%d,\"done\":true,\"tuples\":%d}", i, e.tuples)
+		}()
+	}
+	wg.Wait()
+	for i, err := range failed {
+		if err != nil {
+			return fmt.Errorf("stream %d of %d: %w", i, streams, err)
+		}
+	}
+	return nil
 }
 
 // emitter writes the tuples as they come and the done line at the end. A
 // stream whose records disagree on the type or the volume's size is an
 // error: the spec has every response of a stream carry the same.
 type emitter struct {
-	w        *bufio.Writer
+	ctx      context.Context
+	w        *bufio.Writer                 // the tuples; nil with line
+	line     func(format string, a ...any) // -streams: a line a record
+	stream   int
 	delay    time.Duration // per record, after it is written out
 	tuples   int64
 	typ      string
@@ -121,23 +168,38 @@ func (e *emitter) SnapshotMetadataIteratorRecord(n int, m iterator.IteratorMetad
 		if b == nil {
 			return fmt.Errorf("record %d: a nil BlockMetadata", n)
 		}
+		e.tuples++
+		if e.w == nil {
+			continue
+		}
 		if _, err := fmt.Fprintf(e.w, "{\"offset\":%d,\"size\":%d}\n", b.GetByteOffset(), b.GetSizeBytes()); err != nil {
 			return fmt.Errorf("writing stdout: %w", err)
 		}
-		e.tuples++
+	}
+	if e.line != nil {
+		e.line("{\"stream\":%d,\"record\":%d,\"tuples\":%d}", e.stream, e.records, e.tuples)
 	}
 	if e.delay > 0 {
 		// Each record is in the log before the next is taken, so that a
 		// test sees how far the stream got.
-		if err := e.w.Flush(); err != nil {
-			return fmt.Errorf("writing stdout: %w", err)
+		if e.w != nil {
+			if err := e.w.Flush(); err != nil {
+				return fmt.Errorf("writing stdout: %w", err)
+			}
 		}
-		time.Sleep(e.delay)
+		select {
+		case <-time.After(e.delay):
+		case <-e.ctx.Done():
+			return e.ctx.Err()
+		}
 	}
 	return nil
 }
 
 func (e *emitter) SnapshotMetadataIteratorDone(int) error {
+	if e.w == nil {
+		return nil
+	}
 	_, err := fmt.Fprintf(e.w, "{\"done\":true,\"tuples\":%d,\"type\":%q,\"volumeCapacityBytes\":%d}\n",
 		e.tuples, e.typ, e.capacity)
 	return err

@@ -1,0 +1,198 @@
+//go:build e2e
+
+package e2e
+
+// The server's memory in its pod, as the kernel counts it: the container's
+// memory cgroup (v1) on the node, under stalled readers that hold as many
+// streams as --max-streams lets a precise stream beside them
+// (TestPods/memory-stalled-readers), and after everything
+// (TestPods/memory-cgroup).
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/harness"
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/e2e/harness/kube"
+)
+
+// podServerMemLimit is the chart's limits.memory for the server container.
+const podServerMemLimit = 512 << 20
+
+// cgroupMemory is what the kernel counts of a container's memory.
+type cgroupMemory struct {
+	limit, usage, peak int64  // memory.limit_in_bytes, usage_in_bytes, max_usage_in_bytes
+	oom                string // memory.oom_control, on one line
+}
+
+func (m cgroupMemory) String() string {
+	return fmt.Sprintf("limit %d MiB, usage %.1f MiB, peak %.1f MiB; %s",
+		m.limit>>20, float64(m.usage)/(1<<20), float64(m.peak)/(1<<20), m.oom)
+}
+
+// containerMemory reads the memory cgroup of p's container named name,
+// under the node's cgroupRoot, and fails t if the container restarted.
+func containerMemory(t *testing.T, k *kube.Env, p podInfo, name string) cgroupMemory {
+	t.Helper()
+	root, err := os.ReadFile(filepath.Join(k.Dir, "cgroup"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range p.Status.ContainerStatuses {
+		if c.Name != name {
+			continue
+		}
+		if c.RestartCount != 0 {
+			t.Errorf("%s: %d restarts", p.Metadata.Name, c.RestartCount)
+		}
+		id := strings.TrimPrefix(c.ContainerID, "containerd://")
+		base := filepath.Join("/sys/fs/cgroup/memory", strings.TrimSpace(string(root)))
+		dirs, _ := filepath.Glob(filepath.Join(base, "kubepods*", "*pod"+p.Metadata.UID, id))
+		more, _ := filepath.Glob(filepath.Join(base, "kubepods*", "*", "*pod"+p.Metadata.UID, id))
+		if dirs = append(dirs, more...); len(dirs) != 1 {
+			t.Fatalf("%s: the container's memory cgroup: found %v", p.Metadata.Name, dirs)
+		}
+		read := func(f string) int64 {
+			b, err := os.ReadFile(filepath.Join(dirs[0], f))
+			if err != nil {
+				t.Fatal(err)
+			}
+			n, err := strconv.ParseInt(strings.Fields(string(b))[0], 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+		oom, _ := os.ReadFile(filepath.Join(dirs[0], "memory.oom_control"))
+		return cgroupMemory{read("memory.limit_in_bytes"), read("memory.usage_in_bytes"), read("memory.max_usage_in_bytes"),
+			strings.ReplaceAll(strings.TrimSpace(string(oom)), "\n", ", ")}
+	}
+	t.Fatalf("%s: no container %s", p.Metadata.Name, name)
+	return cgroupMemory{}
+}
+
+// checkUnderLimit: the chart's limit in the cgroup, a peak below it, and
+// no OOM kill.
+func (m cgroupMemory) checkUnderLimit(t *testing.T, pod string) {
+	t.Helper()
+	if m.limit != podServerMemLimit {
+		t.Errorf("%s: the cgroup's limit is %d, want the chart's 512Mi", pod, m.limit)
+	}
+	if m.peak >= m.limit {
+		t.Errorf("%s: peak %d reached the limit %d", pod, m.peak, m.limit)
+	}
+	if !strings.Contains(m.oom, "oom_kill 0") {
+		t.Errorf("%s: the kernel OOM-killed in the container: %s", pod, m.oom)
+	}
+}
+
+// streamsInFlight is the server's rbd_snapshot_metadata_streams_in_flight,
+// scraped through the metrics Service (of the one replica left).
+func streamsInFlight(t *testing.T, k *kube.Env) int {
+	t.Helper()
+	out := k.Kubectl(t, "get", "--raw", "/api/v1/namespaces/"+podNS+"/services/rbd-snapshot-metadata-metrics:9191/proxy/metrics")
+	for _, l := range strings.Split(out, "\n") {
+		if v, ok := strings.CutPrefix(l, "rbd_snapshot_metadata_streams_in_flight "); ok {
+			n, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err != nil {
+				t.Fatalf("streams_in_flight %q: %v", v, err)
+			}
+			return int(n)
+		}
+	}
+	t.Fatalf("no rbd_snapshot_metadata_streams_in_flight in the metrics:\n%s", harness.Tail(out, 10))
+	return 0
+}
+
+// streamsStarted counts the streams of a backup client run with -streams
+// that logged a first record, and the ones that ended in an error.
+func streamsStarted(t *testing.T, logs string) (started, failed int) {
+	t.Helper()
+	seen := map[int]bool{}
+	for _, l := range strings.Split(strings.TrimSpace(logs), "\n") {
+		var r struct {
+			Stream, Record int
+			Error          string
+		}
+		if l == "" || json.Unmarshal([]byte(l), &r) != nil {
+			continue
+		}
+		if r.Error != "" {
+			failed++
+		}
+		if r.Record >= 1 && !seen[r.Stream] {
+			seen[r.Stream] = true
+			started++
+		}
+	}
+	return started, failed
+}
+
+// stalledReaders, on the chart's install scaled to one replica: a client
+// pod holds 31 streams of the long Delta, each stalled after its first
+// record (a backup tool that stopped reading), so that with the precise
+// Delta then read in full beside them the server serves its default
+// --max-streams (32) at once. The server must keep them all (the metric),
+// answer the precise one byte for byte, stay under the pod's limit with
+// no OOM kill or restart, and release every stream once the client is
+// gone. The replicas are put back to the chart's two at the end.
+func stalledReaders(t *testing.T, k *kube.Env, sel string, dl1, dl2 []byte) {
+	const stalled = 31
+	scale := func(n int) {
+		k.Kubectl(t, "-n", podNS, "scale", "deployment", "rbd-snapshot-metadata", fmt.Sprintf("--replicas=%d", n))
+		harness.WaitFor(t, fmt.Sprintf("%d Ready replicas", n), 3*time.Minute, func() bool {
+			ps := pods(t, k, podNS, sel)
+			for _, p := range ps {
+				if p.readyAfter() < 0 {
+					return false
+				}
+			}
+			return len(ps) == n
+		})
+	}
+	scale(1)
+	defer scale(2)
+	server := pods(t, k, podNS, sel)[0]
+	t.Logf("before: %s", containerMemory(t, k, server, "rbd-snapshot-metadata"))
+	pod := startPod(t, k, "stalled", kube.BackupSA, "rsm-e2e.local/backup-client:v1.1.0", "-snapshot", "snap-l2",
+		"-prev-snapshot", "snap-l1", "-namespace", kube.NS, "-streams", strconv.Itoa(stalled), "-record-delay", "1h")
+	deleted := false
+	defer func() {
+		if !deleted {
+			k.KubectlQuiet("-n", kube.NS, "delete", "pod", pod, "--wait=false")
+		}
+	}()
+	harness.WaitFor(t, "a first record on each stalled stream", 3*time.Minute, func() bool {
+		out, _ := k.KubectlQuiet("-n", kube.NS, "logs", pod)
+		started, failed := streamsStarted(t, out)
+		if failed > 0 {
+			t.Fatalf("%d of the stalled streams failed:\n%s", failed, harness.Tail(out, 10))
+		}
+		return started == stalled
+	})
+	if n := streamsInFlight(t, k); n != stalled {
+		t.Errorf("the server has %d streams in flight under %d stalled readers, want all of them", n, stalled)
+	}
+	logs, ok := runPod(t, k, "precise-beside-stalled", kube.BackupSA, "rsm-e2e.local/backup-client:v1.1.0",
+		"-snapshot", "snap-l2", "-prev-snapshot", "snap-l1", "-namespace", kube.NS)
+	if !ok {
+		t.Fatalf("the precise Delta beside %d stalled streams failed:\n%s", stalled, harness.Tail(logs, 10))
+	}
+	got, _ := clientAnswer(t, logs)
+	csiCheckOracle(t, "the precise Delta beside the stalled streams", got, dl1, dl2, 0)
+	if n := streamsInFlight(t, k); n != stalled {
+		t.Errorf("after the precise Delta the server has %d streams in flight, want the %d stalled", n, stalled)
+	}
+	m := containerMemory(t, k, pods(t, k, podNS, sel)[0], "rbd-snapshot-metadata")
+	t.Logf("%d stalled streams and a precise Delta of %d tuples: %s", stalled, len(got.extents), m)
+	m.checkUnderLimit(t, server.Metadata.Name)
+	k.Kubectl(t, "-n", kube.NS, "delete", "pod", pod, "--wait=false")
+	deleted = true
+	harness.WaitFor(t, "every stalled stream released", 2*time.Minute, func() bool { return streamsInFlight(t, k) == 0 })
+}
