@@ -394,23 +394,37 @@ func decode(t *testing.T, b []byte, objs *objects) {
 	}
 }
 
-// check checks one example's build, step by step: our pod and its two
-// containers, then the Services, the CR, TLS and RBAC that must agree with
-// it. As before the split, a Fatal in one step stops the steps after it.
+// check checks one example's build. The steps that each read one part of
+// our pod, or one object, run as subtests: a Fatal in one leaves the rest
+// to report. The Service, the CR and TLS build on each other (the CR's
+// address is the Service's, TLS checks against the CR's CA), so they are
+// plain steps, and a Fatal in one stops the ones after it.
 func check(t *testing.T, objs *objects) {
 	p := findPod(t, objs)
-	for _, step := range []func(*testing.T, *ourPod){
-		checkNames, checkSocket, checkClusterConfig, checkSecurityContext,
-		checkServerFlags, checkImages, checkPorts, checkSidecarFlags,
-		checkLiveness, checkDefaultContainer, checkMemory, checkMetricsService,
+	for _, step := range []struct {
+		name  string
+		check func(*testing.T, *ourPod)
+	}{
+		{"names", checkNames},
+		{"socket", checkSocket},
+		{"cluster-config", checkClusterConfig},
+		{"security-context", checkSecurityContext},
+		{"server-flags", checkServerFlags},
+		{"images", checkImages},
+		{"ports", checkPorts},
+		{"sidecar-flags", checkSidecarFlags},
+		{"liveness", checkLiveness},
+		{"default-container", checkDefaultContainer},
+		{"memory", checkMemory},
+		{"metrics-service", checkMetricsService},
 	} {
-		step(t, p)
+		t.Run(step.name, func(t *testing.T) { step.check(t, p) })
 	}
 	svc, sp := checkService(t, p)
 	host, caPEM, ca := checkCR(t, p, svc, sp)
 	checkTLS(t, p, host, caPEM, ca)
-	checkSidecarRBAC(t, p)
-	checkClientRBAC(t, p)
+	t.Run("sidecar-rbac", func(t *testing.T) { checkSidecarRBAC(t, p) })
+	t.Run("client-rbac", func(t *testing.T) { checkClientRBAC(t, p) })
 }
 
 // ourPod is what check's steps read: the build, the Deployment that
