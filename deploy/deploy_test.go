@@ -394,8 +394,54 @@ func decode(t *testing.T, b []byte, objs *objects) {
 	}
 }
 
+// check checks one example's build. The steps that each read one part of
+// our pod, or one object, run as subtests: a Fatal in one leaves the rest
+// to report. The Service, the CR and TLS build on each other (the CR's
+// address is the Service's, TLS checks against the CR's CA), so they are
+// plain steps, and a Fatal in one stops the ones after it.
 func check(t *testing.T, objs *objects) {
-	// The Deployment that carries our server.
+	p := findPod(t, objs)
+	for _, step := range []struct {
+		name  string
+		check func(*testing.T, *ourPod)
+	}{
+		{"names", checkNames},
+		{"socket", checkSocket},
+		{"cluster-config", checkClusterConfig},
+		{"security-context", checkSecurityContext},
+		{"server-flags", checkServerFlags},
+		{"images", checkImages},
+		{"ports", checkPorts},
+		{"sidecar-flags", checkSidecarFlags},
+		{"liveness", checkLiveness},
+		{"default-container", checkDefaultContainer},
+		{"memory", checkMemory},
+		{"metrics-service", checkMetricsService},
+	} {
+		t.Run(step.name, func(t *testing.T) { step.check(t, p) })
+	}
+	svc, sp := checkService(t, p)
+	host, caPEM, ca := checkCR(t, p, svc, sp)
+	checkTLS(t, p, host, caPEM, ca)
+	t.Run("sidecar-rbac", func(t *testing.T) { checkSidecarRBAC(t, p) })
+	t.Run("client-rbac", func(t *testing.T) { checkClientRBAC(t, p) })
+}
+
+// ourPod is what check's steps read: the build, the Deployment that
+// carries our server, its pod, our container and the sidecar, their
+// --flag=values (oa, sa) and the pod's volumes by name.
+type ourPod struct {
+	objs       *objects
+	dep        *appsv1.Deployment
+	pod        *corev1.PodSpec
+	ours, side *corev1.Container
+	oa, sa     map[string]string
+	vols       map[string]*corev1.Volume
+}
+
+// findPod finds the one Deployment that carries our server, with the
+// sidecar next to it: every step reads them, so without them check stops.
+func findPod(t *testing.T, objs *objects) *ourPod {
 	var dep *appsv1.Deployment
 	for i := range objs.deployments {
 		if container(&objs.deployments[i].Spec.Template.Spec, ourContainer) != nil {
@@ -413,80 +459,101 @@ func check(t *testing.T, objs *objects) {
 	if side == nil {
 		t.Fatalf("Deployment %s has no %s container", dep.Name, sidecarContainer)
 	}
-	oa, sa := flags(t, ours), flags(t, side)
-
-	// Unique names; every mount names a volume of the pod.
-	vols := map[string]*corev1.Volume{}
+	p := &ourPod{objs: objs, dep: dep, pod: pod, ours: ours, side: side, vols: map[string]*corev1.Volume{}}
+	p.oa, p.sa = flags(t, ours), flags(t, side)
 	for i, v := range pod.Volumes {
-		if vols[v.Name] != nil {
+		p.vols[v.Name] = &pod.Volumes[i]
+	}
+	return p
+}
+
+// checkNames: volume and container names are unique in the pod, and
+// every mount names a volume of the pod.
+func checkNames(t *testing.T, p *ourPod) {
+	vols := map[string]bool{}
+	for _, v := range p.pod.Volumes {
+		if vols[v.Name] {
 			t.Errorf("volume %s defined twice", v.Name)
 		}
-		vols[v.Name] = &pod.Volumes[i]
+		vols[v.Name] = true
 	}
 	names := map[string]bool{}
-	for _, c := range pod.Containers {
+	for _, c := range p.pod.Containers {
 		if names[c.Name] {
 			t.Errorf("container %s defined twice", c.Name)
 		}
 		names[c.Name] = true
 		for _, m := range c.VolumeMounts {
-			if vols[m.Name] == nil {
+			if p.vols[m.Name] == nil {
 				t.Errorf("container %s mounts %s, which is no volume of the pod", c.Name, m.Name)
 			}
 		}
 	}
+}
 
-	// The socket: our --endpoint is the sidecar's --csi-address, in a volume
-	// that both mount (an emptyDir of their own).
-	sock, ok := strings.CutPrefix(oa["endpoint"], "unix://")
+// checkSocket: our --endpoint is the sidecar's --csi-address, in a volume
+// that both mount (an emptyDir of their own).
+func checkSocket(t *testing.T, p *ourPod) {
+	sock, ok := strings.CutPrefix(p.oa["endpoint"], "unix://")
 	if !ok {
-		t.Fatalf("%s --endpoint=%q: want unix:///path", ourContainer, oa["endpoint"])
+		t.Fatalf("%s --endpoint=%q: want unix:///path", ourContainer, p.oa["endpoint"])
 	}
-	if got := strings.TrimPrefix(sa["csi-address"], "unix://"); got != sock {
-		t.Errorf("sidecar --csi-address=%q, server listens on %q", sa["csi-address"], sock)
+	if got := strings.TrimPrefix(p.sa["csi-address"], "unix://"); got != sock {
+		t.Errorf("sidecar --csi-address=%q, server listens on %q", p.sa["csi-address"], sock)
 	}
-	ov, sv := mountOf(ours, sock), mountOf(side, sock)
+	ov, sv := mountOf(p.ours, sock), mountOf(p.side, sock)
 	if ov == nil || sv == nil || ov.Name != sv.Name {
 		t.Errorf("the socket %s is not in one volume mounted by both containers (%v, %v)", sock, ov, sv)
-	} else {
-		if ov.ReadOnly || sv.ReadOnly {
-			t.Errorf("socket volume %s mounted read-only", ov.Name)
-		}
-		if v := vols[ov.Name]; v == nil || v.EmptyDir == nil {
-			t.Errorf("socket volume %s is not an emptyDir", ov.Name)
-		}
-		for _, c := range pod.Containers {
-			if c.Name != ourContainer && c.Name != sidecarContainer && mountOfVolume(&c, ov.Name) {
-				t.Errorf("container %s also mounts the socket volume %s", c.Name, ov.Name)
-			}
+		return
+	}
+	if ov.ReadOnly || sv.ReadOnly {
+		t.Errorf("socket volume %s mounted read-only", ov.Name)
+	}
+	if v := p.vols[ov.Name]; v == nil || v.EmptyDir == nil {
+		t.Errorf("socket volume %s is not an emptyDir", ov.Name)
+	}
+	for _, c := range p.pod.Containers {
+		if c.Name != ourContainer && c.Name != sidecarContainer && mountOfVolume(&c, ov.Name) {
+			t.Errorf("container %s also mounts the socket volume %s", c.Name, ov.Name)
 		}
 	}
+}
 
-	// The cluster config: a ConfigMap volume holding the file --clusterconfig names.
-	cfg := oa["clusterconfig"]
-	if m := mountOf(ours, cfg); m == nil {
+// checkClusterConfig: a ConfigMap volume, mounted read-only, holds the
+// file --clusterconfig names.
+func checkClusterConfig(t *testing.T, p *ourPod) {
+	cfg := p.oa["clusterconfig"]
+	m := mountOf(p.ours, cfg)
+	if m == nil {
 		t.Errorf("--clusterconfig=%s is in no mount of %s", cfg, ourContainer)
-	} else if v := vols[m.Name]; v == nil || v.ConfigMap == nil || v.ConfigMap.Name == "" {
-		t.Errorf("--clusterconfig=%s: volume %s is not a ConfigMap", cfg, m.Name)
-	} else {
-		rel, _ := filepath.Rel(m.MountPath, cfg)
-		if len(v.ConfigMap.Items) > 0 {
-			found := false
-			for _, it := range v.ConfigMap.Items {
-				found = found || it.Path == rel
-			}
-			if !found {
-				t.Errorf("ConfigMap volume %s has no item at %s", m.Name, rel)
-			}
-		} else if rel != "config.json" {
-			t.Errorf("--clusterconfig=%s: Ceph-CSI's ConfigMap key is config.json", cfg)
-		}
-		if !m.ReadOnly {
-			t.Errorf("%s mounts the cluster config read-write", ourContainer)
-		}
+		return
 	}
+	v := p.vols[m.Name]
+	if v == nil || v.ConfigMap == nil || v.ConfigMap.Name == "" {
+		t.Errorf("--clusterconfig=%s: volume %s is not a ConfigMap", cfg, m.Name)
+		return
+	}
+	rel, _ := filepath.Rel(m.MountPath, cfg)
+	if len(v.ConfigMap.Items) > 0 {
+		found := false
+		for _, it := range v.ConfigMap.Items {
+			found = found || it.Path == rel
+		}
+		if !found {
+			t.Errorf("ConfigMap volume %s has no item at %s", m.Name, rel)
+		}
+	} else if rel != "config.json" {
+		t.Errorf("--clusterconfig=%s: Ceph-CSI's ConfigMap key is config.json", cfg)
+	}
+	if !m.ReadOnly {
+		t.Errorf("%s mounts the cluster config read-write", ourContainer)
+	}
+}
 
-	// The socket is 0660: both containers non-root, in the same group.
+// checkSecurityContext: the socket is 0660, so both containers run
+// non-root in the same group; our uid is the image's USER.
+func checkSecurityContext(t *testing.T, p *ourPod) {
+	ours, side := p.ours, p.side
 	for _, c := range []*corev1.Container{ours, side} {
 		sc := c.SecurityContext
 		if sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot || sc.RunAsUser == nil || *sc.RunAsUser == 0 ||
@@ -500,54 +567,64 @@ func check(t *testing.T, objs *objects) {
 	if u := dockerfileUser(t); ours.SecurityContext.RunAsUser != nil && strconv.FormatInt(*ours.SecurityContext.RunAsUser, 10) != u {
 		t.Errorf("runAsUser %d, the image's USER is %s", *ours.SecurityContext.RunAsUser, u)
 	}
+}
 
-	// Flags that the server does not define would stop it at start.
+// checkServerFlags: flags that the server does not define would stop it
+// at start.
+func checkServerFlags(t *testing.T, p *ourPod) {
 	known := serverFlags(t)
-	for f := range oa {
+	for f := range p.oa {
 		if !known[f] {
 			t.Errorf("%s: flag --%s is not one of the server's", ourContainer, f)
 		}
 	}
+}
 
-	// Images: pinned.
-	if side.Image != sidecarImage {
-		t.Errorf("sidecar image %s, want %s", side.Image, sidecarImage)
+// checkImages: both images pinned.
+func checkImages(t *testing.T, p *ourPod) {
+	if p.side.Image != sidecarImage {
+		t.Errorf("sidecar image %s, want %s", p.side.Image, sidecarImage)
 	}
-	if i := strings.LastIndex(ours.Image, ":"); i < 0 || strings.Contains(ours.Image[i:], "/") || ours.Image[i+1:] == "latest" {
-		t.Errorf("image %s: want a pinned tag", ours.Image)
+	ours := p.ours.Image
+	if i := strings.LastIndex(ours, ":"); i < 0 || strings.Contains(ours[i:], "/") || ours[i+1:] == "latest" {
+		t.Errorf("image %s: want a pinned tag", ours)
 	}
+}
 
-	// Ports: unique in the pod; metrics as the brief for Prometheus says.
+// checkPorts: unique in the pod; metrics as the brief for Prometheus says;
+// the sidecar's --http-endpoint its own, where its readiness probe asks.
+func checkPorts(t *testing.T, p *ourPod) {
+	ours, side := p.ours, p.side
 	ports := map[int32]string{}
-	for _, c := range pod.Containers {
-		for _, p := range c.Ports {
-			if other, dup := ports[p.ContainerPort]; dup {
-				t.Errorf("port %d used by %s and %s", p.ContainerPort, other, c.Name)
+	for _, c := range p.pod.Containers {
+		for _, cp := range c.Ports {
+			if other, dup := ports[cp.ContainerPort]; dup {
+				t.Errorf("port %d used by %s and %s", cp.ContainerPort, other, c.Name)
 			}
-			ports[p.ContainerPort] = c.Name
+			ports[cp.ContainerPort] = c.Name
 		}
 	}
-	if p := port(ours, "metrics"); p == nil || p.ContainerPort != metricsPort || portOf(t, oa["metrics-address"]) != metricsPort {
+	if mp := port(ours, "metrics"); mp == nil || mp.ContainerPort != metricsPort || portOf(t, p.oa["metrics-address"]) != metricsPort {
 		t.Errorf("%s: want port %d named metrics and --metrics-address=:%d", ourContainer, metricsPort, metricsPort)
 	}
-	grpcPort, err := strconv.Atoi(sa["port"])
-	if err != nil {
-		t.Fatalf("sidecar --port=%q", sa["port"])
-	}
-	httpPort := portOf(t, sa["http-endpoint"])
+	httpPort := portOf(t, p.sa["http-endpoint"])
 	if owner, used := ports[int32(httpPort)]; used && owner != sidecarContainer {
 		t.Errorf("sidecar --http-endpoint port %d is %s's", httpPort, owner)
 	}
 	if rp := side.ReadinessProbe; rp == nil || rp.HTTPGet == nil || rp.HTTPGet.Path != "/health" || resolve(side, rp.HTTPGet.Port) != httpPort {
 		t.Errorf("sidecar readiness probe: want GET /health on port %d", httpPort)
 	}
-	// The sidecar's cap on a stream's length (default 10 min) is set, and
-	// longer than our --stall-timeout (default 5m): deploy/README.md, "How
-	// long a stream may last".
+}
+
+// checkSidecarFlags: the sidecar's cap on a stream's length (default
+// 10 min) is set, and longer than our --stall-timeout (default 5m):
+// deploy/README.md, "How long a stream may last". Its TLS files are set.
+func checkSidecarFlags(t *testing.T, p *ourPod) {
+	sa := p.sa
 	if m, err := strconv.Atoi(sa["max-streaming-duration-min"]); err != nil || m <= 10 {
 		t.Errorf("sidecar --max-streaming-duration-min=%q: want it set above the default 10", sa["max-streaming-duration-min"])
 	}
-	if st := oa["stall-timeout"]; st != "" {
+	if st := p.oa["stall-timeout"]; st != "" {
 		if d, err := time.ParseDuration(st); err != nil || d <= 0 || d >= 10*time.Minute {
 			t.Errorf("--stall-timeout=%s: want it well inside the sidecar's cap", st)
 		}
@@ -557,57 +634,83 @@ func check(t *testing.T, objs *objects) {
 			t.Errorf("sidecar --%s not set", f)
 		}
 	}
+}
 
-	// Liveness: our server's gRPC health, asked over the socket by the
-	// image's snapmeta.
-	if lp := ours.LivenessProbe; lp == nil || lp.Exec == nil || len(lp.Exec.Command) == 0 ||
+// checkLiveness: our server's gRPC health, asked over the socket by the
+// image's snapmeta.
+func checkLiveness(t *testing.T, p *ourPod) {
+	endpoint := p.oa["endpoint"]
+	if lp := p.ours.LivenessProbe; lp == nil || lp.Exec == nil || len(lp.Exec.Command) == 0 ||
 		!strings.HasSuffix(lp.Exec.Command[0], "/snapmeta") || lp.Exec.Command[len(lp.Exec.Command)-1] != "health" ||
-		!slices.Contains(lp.Exec.Command, "--endpoint="+oa["endpoint"]) {
-		t.Errorf("%s: want an exec liveness probe `snapmeta --endpoint=%s health`", ourContainer, oa["endpoint"])
+		!slices.Contains(lp.Exec.Command, "--endpoint="+endpoint) {
+		t.Errorf("%s: want an exec liveness probe `snapmeta --endpoint=%s health`", ourContainer, endpoint)
 	}
-	// kubectl logs/exec without -c land in the pod's main container.
-	if dc := dep.Spec.Template.Annotations[defaultContainer]; container(pod, dc) == nil {
+}
+
+// checkDefaultContainer: kubectl logs/exec without -c land in the pod's
+// main container (csi-rbdplugin in Ceph-CSI's pod, ours on our own).
+func checkDefaultContainer(t *testing.T, p *ourPod) {
+	inPod := p.objs.inPod
+	if dc := p.dep.Spec.Template.Annotations[defaultContainer]; container(p.pod, dc) == nil {
 		t.Errorf("pod annotation %s=%q names no container", defaultContainer, dc)
-	} else if objs.inPod && dc != "csi-rbdplugin" || !objs.inPod && dc != ourContainer {
+	} else if inPod && dc != "csi-rbdplugin" || !inPod && dc != ourContainer {
 		t.Errorf("pod annotation %s=%q", defaultContainer, dc)
 	}
-	for _, c := range []*corev1.Container{ours, side} {
+}
+
+// checkMemory: both containers have memory requests and limits, and no
+// CPU limit; Go's memory limit follows the container's: the server reads
+// its limit in bytes from the downward API (cmd's goMemoryLimit), and no
+// GOMEMLIMIT overrides it.
+func checkMemory(t *testing.T, p *ourPod) {
+	for _, c := range []*corev1.Container{p.ours, p.side} {
 		if c.Resources.Requests.Memory().IsZero() || c.Resources.Limits.Memory().IsZero() || !c.Resources.Limits.Cpu().IsZero() {
 			t.Errorf("container %s: want memory requests and limits, no CPU limit", c.Name)
 		}
 	}
-	// Go's memory limit follows the container's: the server reads its limit
-	// in bytes from the downward API (cmd's goMemoryLimit).
-	if e := findEnv(ours, "MEMORY_LIMIT_BYTES"); e == nil || e.ValueFrom == nil || e.ValueFrom.ResourceFieldRef == nil ||
+	if e := findEnv(p.ours, "MEMORY_LIMIT_BYTES"); e == nil || e.ValueFrom == nil || e.ValueFrom.ResourceFieldRef == nil ||
 		e.ValueFrom.ResourceFieldRef.Resource != "limits.memory" || e.ValueFrom.ResourceFieldRef.ContainerName != ourContainer ||
 		!e.ValueFrom.ResourceFieldRef.Divisor.IsZero() && e.ValueFrom.ResourceFieldRef.Divisor.Value() != 1 {
 		t.Errorf("%s: want env MEMORY_LIMIT_BYTES from resourceFieldRef limits.memory of %s, in bytes", ourContainer, ourContainer)
 	}
-	for _, e := range ours.Env {
+	for _, e := range p.ours.Env {
 		if e.Name == "GOMEMLIMIT" {
 			t.Errorf("%s: GOMEMLIMIT set, which overrides the limit derived from the container's", ourContainer)
 		}
 	}
-	// Metrics: a Service for our metrics port and the sidecar's.
-	if ms := find(objs.services, func(s corev1.Service) bool { return s.Name == metricsService }); ms == nil {
+}
+
+// checkMetricsService: a Service selects the pod and reaches our metrics
+// port and the sidecar's.
+func checkMetricsService(t *testing.T, p *ourPod) {
+	ms := find(p.objs.services, func(s corev1.Service) bool { return s.Name == metricsService })
+	if ms == nil {
 		t.Errorf("no Service %s", metricsService)
-	} else {
-		for k, v := range ms.Spec.Selector {
-			if dep.Spec.Template.Labels[k] != v {
-				t.Errorf("Service %s selector %s=%s does not match the pod", ms.Name, k, v)
-			}
-		}
-		targets := map[int]bool{}
-		for _, p := range ms.Spec.Ports {
-			targets[resolve(ours, p.TargetPort)+resolve(side, p.TargetPort)] = true
-		}
-		if !targets[metricsPort] || !targets[portOf(t, sa["http-endpoint"])] {
-			t.Errorf("Service %s does not reach ports %d and %s", ms.Name, metricsPort, sa["http-endpoint"])
+		return
+	}
+	for k, v := range ms.Spec.Selector {
+		if p.dep.Spec.Template.Labels[k] != v {
+			t.Errorf("Service %s selector %s=%s does not match the pod", ms.Name, k, v)
 		}
 	}
+	targets := map[int]bool{}
+	for _, sp := range ms.Spec.Ports {
+		targets[resolve(p.ours, sp.TargetPort)+resolve(p.side, sp.TargetPort)] = true
+	}
+	if !targets[metricsPort] || !targets[portOf(t, p.sa["http-endpoint"])] {
+		t.Errorf("Service %s does not reach ports %d and %s", ms.Name, metricsPort, p.sa["http-endpoint"])
+	}
+}
 
-	// The Service: selects this pod, forwards to the sidecar's gRPC port.
-	svc := find(objs.services, func(s corev1.Service) bool { return s.Name == serviceName })
+// checkService: the Service selects this pod and forwards its one port to
+// the sidecar's gRPC --port. The CR's address is the Service's.
+func checkService(t *testing.T, p *ourPod) (*corev1.Service, corev1.ServicePort) {
+	dep := p.dep
+	grpcPort, err := strconv.Atoi(p.sa["port"])
+	if err != nil {
+		t.Fatalf("sidecar --port=%q", p.sa["port"])
+	}
+	svc := find(p.objs.services, func(s corev1.Service) bool { return s.Name == serviceName })
 	if svc == nil {
 		t.Fatalf("no Service %s", serviceName)
 	}
@@ -626,19 +729,24 @@ func check(t *testing.T, objs *objects) {
 		t.Fatalf("Service %s: want one port, got %d", svc.Name, len(svc.Spec.Ports))
 	}
 	sp := svc.Spec.Ports[0]
-	if resolve(side, sp.TargetPort) != grpcPort {
+	if resolve(p.side, sp.TargetPort) != grpcPort {
 		t.Errorf("Service targetPort %s is not the sidecar's --port %d", sp.TargetPort.String(), grpcPort)
 	}
+	return svc, sp
+}
 
-	// The CR: named after the driver, cluster-scoped, the Service's address.
-	if len(objs.sms) != 1 {
-		t.Fatalf("want one SnapshotMetadataService, got %d", len(objs.sms))
+// checkCR: the one SnapshotMetadataService is named after the driver,
+// cluster-scoped, and has the Service's address and a CA. It returns the
+// Service's host name and the CA, which TLS is checked against.
+func checkCR(t *testing.T, p *ourPod, svc *corev1.Service, sp corev1.ServicePort) (string, []byte, *x509.CertPool) {
+	if len(p.objs.sms) != 1 {
+		t.Fatalf("want one SnapshotMetadataService, got %d", len(p.objs.sms))
 	}
-	sms := objs.sms[0]
+	sms := p.objs.sms[0]
 	if sms.Namespace != "" {
 		t.Errorf("SnapshotMetadataService is cluster-scoped, has namespace %q", sms.Namespace)
 	}
-	if driver := expand(ours, oa["drivername"]); driver != sms.Name {
+	if driver := expand(p.ours, p.oa["drivername"]); driver != sms.Name {
 		t.Errorf("server --drivername=%s, SnapshotMetadataService %s: both must be the CSI driver's name", driver, sms.Name)
 	}
 	host := svc.Name + "." + svc.Namespace
@@ -656,53 +764,29 @@ func check(t *testing.T, objs *objects) {
 	if !ca.AppendCertsFromPEM(caPEM) {
 		t.Fatalf("SnapshotMetadataService caCert is no PEM certificate: %q", sms.Spec.CACert)
 	}
+	return host, caPEM, ca
+}
 
-	// TLS: the Secret the sidecar mounts is the serving certificate for the
-	// Service's name, signed by the CR's CA (kustomize-generated), or the one
-	// a cert-manager Certificate for that name writes.
+// checkTLS: the Secret the sidecar mounts is the serving certificate for
+// the Service's name, signed by the CR's CA (kustomize-generated), or the
+// one a cert-manager Certificate for that name writes. No Secret meant for
+// kustomize alone is in the output, and a key is only in a TLS Secret.
+func checkTLS(t *testing.T, p *ourPod, host string, caPEM []byte, ca *x509.CertPool) {
+	side, sa, objs := p.side, p.sa, p.objs
 	tm := mountOf(side, sa["tls-cert"])
-	if tm == nil || mountOf(side, sa["tls-key"]) != tm || vols[tm.Name] == nil || vols[tm.Name].Secret == nil {
+	if tm == nil || mountOf(side, sa["tls-key"]) != tm || p.vols[tm.Name] == nil || p.vols[tm.Name].Secret == nil {
 		t.Fatalf("sidecar --tls-cert and --tls-key are not in one Secret volume")
 	}
-	secretName := vols[tm.Name].Secret.SecretName
+	secretName := p.vols[tm.Name].Secret.SecretName
 	certFile, _ := filepath.Rel(tm.MountPath, sa["tls-cert"])
 	keyFile, _ := filepath.Rel(tm.MountPath, sa["tls-key"])
 	if certFile != corev1.TLSCertKey || keyFile != corev1.TLSPrivateKeyKey {
 		t.Errorf("sidecar reads %s and %s, a TLS Secret holds %s and %s", certFile, keyFile, corev1.TLSCertKey, corev1.TLSPrivateKeyKey)
 	}
 	if s := find(objs.secrets, func(s corev1.Secret) bool { return s.Name == secretName }); s != nil {
-		if s.Type != corev1.SecretTypeTLS {
-			t.Errorf("Secret %s has type %s", s.Name, s.Type)
-		}
-		pair, err := tls.X509KeyPair(s.Data[corev1.TLSCertKey], s.Data[corev1.TLSPrivateKeyKey])
-		if err != nil {
-			t.Fatalf("Secret %s: %v", s.Name, err)
-		}
-		leaf, err := x509.ParseCertificate(pair.Certificate[0])
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := leaf.Verify(x509.VerifyOptions{DNSName: host, Roots: ca, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
-			t.Errorf("Secret %s's certificate for %s with the CR's CA: %v", s.Name, host, err)
-		}
+		checkServingSecret(t, s, host, ca)
 	} else if c := find(objs.certificates, func(c Certificate) bool { return c.Spec.SecretName == secretName }); c != nil {
-		if !slices.Contains(c.Spec.DNSNames, host) {
-			t.Errorf("Certificate %s: dnsNames %v lack %s", c.Name, c.Spec.DNSNames, host)
-		}
-		iss := find(objs.issuers, func(i Issuer) bool { return i.Name == c.Spec.IssuerRef.Name })
-		if iss == nil || c.Spec.IssuerRef.Kind != "Issuer" || iss.Spec.CA == nil {
-			t.Fatalf("Certificate %s: no CA Issuer %s", c.Name, c.Spec.IssuerRef.Name)
-		}
-		kp := find(objs.secrets, func(s corev1.Secret) bool { return s.Name == iss.Spec.CA.SecretName })
-		if kp == nil {
-			t.Fatalf("Issuer %s: no Secret %s", iss.Name, iss.Spec.CA.SecretName)
-		}
-		if _, err := tls.X509KeyPair(kp.Data[corev1.TLSCertKey], kp.Data[corev1.TLSPrivateKeyKey]); err != nil {
-			t.Errorf("Secret %s: %v", kp.Name, err)
-		}
-		if !bytes.Equal(kp.Data[corev1.TLSCertKey], caPEM) {
-			t.Errorf("the Issuer's CA (Secret %s) is not the SnapshotMetadataService's caCert", kp.Name)
-		}
+		checkCertificate(t, objs, c, host, caPEM)
 	} else {
 		t.Errorf("the sidecar mounts Secret %s, which is neither built here nor a Certificate's", secretName)
 	}
@@ -714,12 +798,56 @@ func check(t *testing.T, objs *objects) {
 			t.Errorf("Secret %s holds a key but is not of type TLS", s.Name)
 		}
 	}
+}
 
-	// RBAC: the sidecar's role, bound to the pod's service account.
-	sidecarRole, clientRole := sidecarRole(dep.Namespace), clientRole(dep.Namespace)
-	role := find(objs.roles, func(r rbacv1.ClusterRole) bool { return r.Name == sidecarRole })
+// checkServingSecret: a kustomize-generated TLS Secret holds a key pair
+// whose certificate the CR's CA verifies for host, as a server's.
+func checkServingSecret(t *testing.T, s *corev1.Secret, host string, ca *x509.CertPool) {
+	if s.Type != corev1.SecretTypeTLS {
+		t.Errorf("Secret %s has type %s", s.Name, s.Type)
+	}
+	pair, err := tls.X509KeyPair(s.Data[corev1.TLSCertKey], s.Data[corev1.TLSPrivateKeyKey])
+	if err != nil {
+		t.Fatalf("Secret %s: %v", s.Name, err)
+	}
+	leaf, err := x509.ParseCertificate(pair.Certificate[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{DNSName: host, Roots: ca, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
+		t.Errorf("Secret %s's certificate for %s with the CR's CA: %v", s.Name, host, err)
+	}
+}
+
+// checkCertificate: a cert-manager Certificate names host, and its CA
+// Issuer's key pair is the CR's caCert.
+func checkCertificate(t *testing.T, objs *objects, c *Certificate, host string, caPEM []byte) {
+	if !slices.Contains(c.Spec.DNSNames, host) {
+		t.Errorf("Certificate %s: dnsNames %v lack %s", c.Name, c.Spec.DNSNames, host)
+	}
+	iss := find(objs.issuers, func(i Issuer) bool { return i.Name == c.Spec.IssuerRef.Name })
+	if iss == nil || c.Spec.IssuerRef.Kind != "Issuer" || iss.Spec.CA == nil {
+		t.Fatalf("Certificate %s: no CA Issuer %s", c.Name, c.Spec.IssuerRef.Name)
+	}
+	kp := find(objs.secrets, func(s corev1.Secret) bool { return s.Name == iss.Spec.CA.SecretName })
+	if kp == nil {
+		t.Fatalf("Issuer %s: no Secret %s", iss.Name, iss.Spec.CA.SecretName)
+	}
+	if _, err := tls.X509KeyPair(kp.Data[corev1.TLSCertKey], kp.Data[corev1.TLSPrivateKeyKey]); err != nil {
+		t.Errorf("Secret %s: %v", kp.Name, err)
+	}
+	if !bytes.Equal(kp.Data[corev1.TLSCertKey], caPEM) {
+		t.Errorf("the Issuer's CA (Secret %s) is not the SnapshotMetadataService's caCert", kp.Name)
+	}
+}
+
+// checkSidecarRBAC: the sidecar's ClusterRole allows what it asks the API
+// server, and is bound to the pod's service account and to nothing else.
+func checkSidecarRBAC(t *testing.T, p *ourPod) {
+	dep, name := p.dep, sidecarRole(p.dep.Namespace)
+	role := find(p.objs.roles, func(r rbacv1.ClusterRole) bool { return r.Name == name })
 	if role == nil {
-		t.Fatalf("no ClusterRole %s", sidecarRole)
+		t.Fatalf("no ClusterRole %s", name)
 	}
 	for _, need := range []struct{ group, resource, verb string }{
 		{"cbt.storage.k8s.io", "snapshotmetadataservices", "get"},
@@ -744,8 +872,8 @@ func check(t *testing.T, objs *objects) {
 		t.Errorf("Deployment %s names no service account", dep.Name)
 	}
 	bound := false
-	for _, b := range objs.bindings {
-		if b.RoleRef.Kind != "ClusterRole" || b.RoleRef.Name != sidecarRole {
+	for _, b := range p.objs.bindings {
+		if b.RoleRef.Kind != "ClusterRole" || b.RoleRef.Name != name {
 			continue
 		}
 		for _, s := range b.Subjects {
@@ -758,14 +886,21 @@ func check(t *testing.T, objs *objects) {
 		}
 	}
 	if !bound {
-		t.Errorf("no ClusterRoleBinding gives %s to %s/%s", sidecarRole, dep.Namespace, account)
+		t.Errorf("no ClusterRoleBinding gives %s to %s/%s", name, dep.Namespace, account)
 	}
-	if len(objs.accounts) > 0 && find(objs.accounts, func(a corev1.ServiceAccount) bool { return a.Name == account }) == nil {
+	if len(p.objs.accounts) > 0 && find(p.objs.accounts, func(a corev1.ServiceAccount) bool { return a.Name == account }) == nil {
 		t.Errorf("service account %s is not among the ServiceAccounts built", account)
 	}
-	client := find(objs.roles, func(r rbacv1.ClusterRole) bool { return r.Name == clientRole })
+}
+
+// checkClientRBAC: the ClusterRole for backup applications lets them get
+// their VolumeSnapshots, list the CRs and create a service account token
+// (for the CR's audience).
+func checkClientRBAC(t *testing.T, p *ourPod) {
+	name := clientRole(p.dep.Namespace)
+	client := find(p.objs.roles, func(r rbacv1.ClusterRole) bool { return r.Name == name })
 	if client == nil {
-		t.Fatalf("no ClusterRole %s", clientRole)
+		t.Fatalf("no ClusterRole %s", name)
 	}
 	for _, need := range [][3]string{
 		{"snapshot.storage.k8s.io", "volumesnapshots", "get"},
@@ -773,11 +908,10 @@ func check(t *testing.T, objs *objects) {
 		{"", "serviceaccounts/token", "create"},
 	} {
 		if !allows(client.Rules, need[0], need[1], need[2]) {
-			t.Errorf("ClusterRole %s does not allow %s %s.%s", clientRole, need[2], need[1], need[0])
+			t.Errorf("ClusterRole %s does not allow %s %s.%s", name, need[2], need[1], need[0])
 		}
 	}
 }
-
 func findEnv(c *corev1.Container, name string) *corev1.EnvVar {
 	for i := range c.Env {
 		if c.Env[i].Name == name {
