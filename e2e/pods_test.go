@@ -455,86 +455,19 @@ func TestPods(t *testing.T) {
 	dl1, dl2 := l1.Data(t), l2.Data(t)
 	k.volumeSnapshot(t, "snap-l1", l1.Handle(), int64(len(dl1)))
 	k.volumeSnapshot(t, "snap-l2", l2.Handle(), int64(len(dl2)))
-	// disrupt runs the long Delta at delay a record (33 records), calls
-	// during once it is under way, and checks what the client got: with
-	// cut, an error a backup tool retries (the fault outlasts the grace),
-	// else the whole answer or such an error; with allNew, that the next
-	// request is served by a pod that was not there. ns is the install's
-	// namespace, pre its VolumeSnapshots' prefix.
-	disrupt := func(t *testing.T, ns, pre, name, delay string, cut, allNew bool, during func(t *testing.T)) {
-		t.Helper()
-		before := podNames(k.pods(t, ns, sel))
-		pod := k.startPod(t, name, k8sBackupSA, "rsm-e2e.local/backup-client:v1.1.0", "-snapshot", pre+"l2",
-			"-prev-snapshot", pre+"l1", "-namespace", k8sNS, "-max-results", "1000", "-record-delay", delay)
-		// Mid-stream: once the first records have arrived.
-		waitFor(t, name+"'s first records", 2*time.Minute, func() bool {
-			out, _ := k.kubectlQuiet("-n", k8sNS, "logs", pod)
-			return strings.Count(out, "\n") >= 2000
-		})
-		during(t)
-		logs, ok := k.waitPod(t, pod, 5*time.Minute)
-		if ok && cut {
-			t.Errorf("%s: the stream ended OK although its pod went away 2000 tuples into it: the buffers held it all, so this did not test a cut stream; make it longer", name)
-		}
-		if ok {
-			got, _ := clientAnswer(t, logs)
-			csiCheckOracle(t, name+": the stream across the replacement", got, dl1, dl2, 0)
-			t.Logf("%s: the stream ended OK with all %d tuples", name, len(got.extents))
-		} else {
-			last := lastLine(logs)
-			if !regexp.MustCompile(`Unavailable|Aborted|Canceled|DeadlineExceeded|EOF|connection`).MatchString(last) {
-				t.Errorf("%s: the stream failed with what a backup tool would not retry: %s", name, last)
-			}
-			t.Logf("%s: the stream ended with a retryable error: %s", name, last)
-		}
-		k.waitRollout(t, ns, "rbd-snapshot-metadata", 5*time.Minute)
-		// The replaced pods gone (their grace is 30 s), two Ready ones left.
-		waitFor(t, "the replaced pods gone", 2*time.Minute, func() bool {
-			ps := k.pods(t, ns, sel)
-			return len(ps) == 2 && ps[0].readyAfter() >= 0 && ps[1].readyAfter() >= 0
-		})
-		after := k.checkPodsHealthy(t, ns, sel, 2)
-		// The next request: answered in full by a pod that was not there.
-		logs, ok = k.runPod(t, name+"-next", k8sBackupSA, "rsm-e2e.local/backup-client:v1.1.0",
-			"-snapshot", pre+"a2", "-prev-snapshot", pre+"a1", "-namespace", k8sNS)
-		if !ok {
-			t.Fatalf("%s: the next request failed:\n%s", name, harness.Tail(logs, 10))
-		}
-		got, _ := clientAnswer(t, logs)
-		csiCheckOracle(t, name+": the next request", got, da1, da2, 0)
-		var fresh []string
-		for _, p := range after {
-			if !before[p.Metadata.Name] {
-				fresh = append(fresh, p.Metadata.Name)
-			}
-		}
-		if len(fresh) == 0 {
-			t.Errorf("%s: no new pod (before %v)", name, before)
-		}
-		if !allNew {
-			return
-		}
-		served := false
-		for n := range podNames(after) {
-			if out, _ := k.kubectlQuiet("-n", ns, "logs", n, "-c", "rbd-snapshot-metadata"); strings.Contains(out, "GetMetadataDelta") {
-				served = served || !before[n]
-			}
-		}
-		if !served {
-			t.Errorf("%s: no new pod (%v) served the next request", name, fresh)
-		}
-	}
+	chartRoute := podRoute{ns: podNS, deploy: "rbd-snapshot-metadata", sel: sel, pre: "snap-", replicas: 2,
+		short: [2][]byte{da1, da2}, long: [2][]byte{dl1, dl2}}
 	// Within the chart's grace (the server's 25 s, the pod's 30 s): 33
 	// records at 0.5 s.
 	t.Run("rolling-upgrade", func(t *testing.T) {
-		disrupt(t, podNS, "snap-", "upgrade", "500ms", false, true, func(t *testing.T) {
+		k.disrupt(t, chartRoute, "upgrade", "500ms", false, true, func(t *testing.T) {
 			k.helm(t, "upgrade", podRelease, chart, "-n", podNS, "--reuse-values", "--set", "image.tag="+tag+"-next")
 		})
 	})
 	// Past it: 33 records at 2 s, so that the server's grace and then the
 	// kubelet's SIGKILL end the stream under the client.
 	t.Run("pod-deleted", func(t *testing.T) {
-		disrupt(t, podNS, "snap-", "deleted", "2s", true, false, func(t *testing.T) {
+		k.disrupt(t, chartRoute, "deleted", "2s", true, false, func(t *testing.T) {
 			// The pod whose server has the stream.
 			var serving []string
 			for _, p := range k.pods(t, podNS, sel) {
@@ -654,10 +587,97 @@ func TestPods(t *testing.T) {
 		csiCheckOracle(t, "kustomize route: backup client pod delta", got, da1, da2, 0)
 
 		// The kustomize routes' rolling restart, during a long Delta.
-		disrupt(t, ns, "rook-", "restart", "500ms", false, true, func(t *testing.T) {
+		rook := chartRoute
+		rook.ns, rook.pre = ns, "rook-"
+		k.disrupt(t, rook, "restart", "500ms", false, true, func(t *testing.T) {
 			k.kubectl(t, "-n", ns, "rollout", "restart", "deploy/rbd-snapshot-metadata")
 		})
 	})
+}
+
+// podRoute is an install of ours whose pods disrupt replaces: its
+// namespace, Deployment, pod selector and replicas, the prefix of its
+// VolumeSnapshots (<pre>a1, a2: a short Delta; l1, l2: the long one) and
+// those snapshots' bytes.
+type podRoute struct {
+	ns, deploy, sel, pre string
+	replicas             int
+	short, long          [2][]byte
+}
+
+// disrupt runs the long Delta at delay a record (33 records), calls
+// during once it is under way, and checks what the client got: with cut,
+// an error a backup tool retries (the fault outlasts the grace), else the
+// whole answer or such an error; with allNew, that the next request is
+// served by a pod that was not there.
+func (k *k8sEnv) disrupt(t *testing.T, r podRoute, name, delay string, cut, allNew bool, during func(t *testing.T)) {
+	t.Helper()
+	before := podNames(k.pods(t, r.ns, r.sel))
+	pod := k.startPod(t, name, k8sBackupSA, "rsm-e2e.local/backup-client:v1.1.0", "-snapshot", r.pre+"l2",
+		"-prev-snapshot", r.pre+"l1", "-namespace", k8sNS, "-max-results", "1000", "-record-delay", delay)
+	// Mid-stream: once the first records have arrived.
+	waitFor(t, name+"'s first records", 2*time.Minute, func() bool {
+		out, _ := k.kubectlQuiet("-n", k8sNS, "logs", pod)
+		return strings.Count(out, "\n") >= 2000
+	})
+	during(t)
+	logs, ok := k.waitPod(t, pod, 5*time.Minute)
+	if ok && cut {
+		t.Errorf("%s: the stream ended OK although its pod went away 2000 tuples into it: the buffers held it all, so this did not test a cut stream; make it longer", name)
+	}
+	if ok {
+		got, _ := clientAnswer(t, logs)
+		csiCheckOracle(t, name+": the stream across the replacement", got, r.long[0], r.long[1], 0)
+		t.Logf("%s: the stream ended OK with all %d tuples", name, len(got.extents))
+	} else {
+		last := lastLine(logs)
+		if !regexp.MustCompile(`Unavailable|Aborted|Canceled|DeadlineExceeded|EOF|connection`).MatchString(last) {
+			t.Errorf("%s: the stream failed with what a backup tool would not retry: %s", name, last)
+		}
+		t.Logf("%s: the stream ended with a retryable error: %s", name, last)
+	}
+	k.waitRollout(t, r.ns, r.deploy, 5*time.Minute)
+	// The replaced pods gone (their grace is 30 s), r.replicas Ready ones left.
+	waitFor(t, "the replaced pods gone", 2*time.Minute, func() bool {
+		ps := k.pods(t, r.ns, r.sel)
+		ready := 0
+		for _, p := range ps {
+			if p.readyAfter() >= 0 {
+				ready++
+			}
+		}
+		return len(ps) == r.replicas && ready == r.replicas
+	})
+	after := k.checkPodsHealthy(t, r.ns, r.sel, r.replicas)
+	// The next request: answered in full by a pod that was not there.
+	logs, ok = k.runPod(t, name+"-next", k8sBackupSA, "rsm-e2e.local/backup-client:v1.1.0",
+		"-snapshot", r.pre+"a2", "-prev-snapshot", r.pre+"a1", "-namespace", k8sNS)
+	if !ok {
+		t.Fatalf("%s: the next request failed:\n%s", name, harness.Tail(logs, 10))
+	}
+	got, _ := clientAnswer(t, logs)
+	csiCheckOracle(t, name+": the next request", got, r.short[0], r.short[1], 0)
+	var fresh []string
+	for _, p := range after {
+		if !before[p.Metadata.Name] {
+			fresh = append(fresh, p.Metadata.Name)
+		}
+	}
+	if len(fresh) == 0 {
+		t.Errorf("%s: no new pod (before %v)", name, before)
+	}
+	if !allNew {
+		return
+	}
+	served := false
+	for n := range podNames(after) {
+		if out, _ := k.kubectlQuiet("-n", r.ns, "logs", n, "-c", "rbd-snapshot-metadata"); strings.Contains(out, "GetMetadataDelta") {
+			served = served || !before[n]
+		}
+	}
+	if !served {
+		t.Errorf("%s: no new pod (%v) served the next request", name, fresh)
+	}
 }
 
 func podNames(ps []podInfo) map[string]bool {
