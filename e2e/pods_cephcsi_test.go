@@ -35,9 +35,9 @@ const (
 	csiClass  = "csi-rbdplugin-snapclass"
 	// How long the patched provisioner pod may take to be Ready.
 	csiReadyWithin = 3 * time.Minute
-	// Ceph-CSI's manifest, from the checkout's root (TestPods runs there;
-	// run-pods.sh binds the folder into the rootfs).
-	csiManifest = "../shared/reference/upstream/ceph-csi-v3.13.1/csi-rbdplugin-provisioner.yaml"
+	// Ceph-CSI's manifest, in ../shared/reference/upstream, which
+	// run-pods.sh binds into the rootfs and names in RSM_UPSTREAM.
+	csiManifest = "ceph-csi-v3.13.1/csi-rbdplugin-provisioner.yaml"
 )
 
 // csiUpstreamContainers are the manifest's containers, in its order, and
@@ -53,7 +53,11 @@ var csiUpstreamContainers = [][2]string{
 }
 
 func TestPodsCephCSI(t *testing.T) {
-	manifest, err := os.ReadFile(csiManifest)
+	up := os.Getenv("RSM_UPSTREAM")
+	if up == "" {
+		up = filepath.Join("..", "shared", "reference", "upstream")
+	}
+	manifest, err := os.ReadFile(filepath.Join(up, csiManifest))
 	if os.Getenv("RSM_NODE_IP") != "" && err != nil {
 		t.Skipf("Ceph-CSI's reference manifest is not there (%v): skipping the Ceph-CSI provisioner route; "+
 			"it reads shared/reference/upstream/ next to the repository", err)
@@ -270,7 +274,7 @@ func (k *k8sEnv) checkProvisionerPod(t *testing.T) {
 	}
 	for _, c := range csiUpstreamContainers {
 		log, _ := k.kubectlQuiet("-n", csiNS, "logs", p, "-c", c[0])
-		t.Logf("%s: STAND-IN, not Ceph-CSI's: %s", c[0], strings.TrimSpace(harness.Tail(log, 1)))
+		t.Logf("%s: STAND-IN, not the real image: %s", c[0], lastLine(log))
 	}
 	// The sidecar asked OUR socket for the driver's name and capability.
 	if log := k.kubectl(t, "-n", csiNS, "logs", p, "-c", "csi-snapshot-metadata"); !strings.Contains(log, `CSI driver name: "`+k8sDriver+`"`) {

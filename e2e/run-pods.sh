@@ -80,7 +80,12 @@ timed test go test -c -tags pacific,e2e -o "$OUT/e2e.test" ./e2e/
 export RSM_K8S_BIN RSM_HELM_BIN RSM_NODE_IMAGES="$RSM_NODE_IMAGES $OUT/images"
 export RSM_POD_IMAGE=$IMAGE RSM_POD_TAG=$VERSION RSM_NODE_DIR=$OUT/node
 export RSM_BIND="$RSM_K8S_BIN $RSM_HELM_BIN ${RSM_NODE_IMAGES% *} $OUT $PWD/deploy${RSM_BIND:+ $RSM_BIND}"
-[ ! -d "$TOP/../shared/reference/upstream" ] || RSM_BIND="$(cd "$TOP/../shared/reference/upstream" && pwd) $RSM_BIND"
+# Ceph-CSI's reference manifest (TestPodsCephCSI), at its physical path:
+# ../shared may be a symbolic link, which the rootfs does not have.
+if [ -d "$TOP/../shared/reference/upstream" ]; then
+  RSM_UPSTREAM=$(cd "$TOP/../shared/reference/upstream" && pwd -P)
+  export RSM_UPSTREAM RSM_BIND="$RSM_UPSTREAM $RSM_BIND"
+fi
 
 if [ "${1:-}" = --hold ]; then
   export RSM_NODE_HOLD=1
