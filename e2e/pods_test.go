@@ -48,9 +48,12 @@ func startNode(t *testing.T) *k8sEnv {
 		t.Skip("needs the network namespace and the images of e2e/run-pods.sh (./dev.sh pods)")
 	}
 	// run-pods.sh names a folder of the machine's, so that it can bring
-	// the node down should this process die before its cleanups run.
+	// the node down should this process die before its cleanups run; each
+	// test's node has a folder (its etcd, containerd) of its own there.
 	dir := os.Getenv("RSM_NODE_DIR")
-	if dir == "" {
+	if dir != "" {
+		dir = filepath.Join(dir, t.Name())
+	} else {
 		var err error
 		if dir, err = os.MkdirTemp("/var/tmp", "rsm-node."); err != nil {
 			t.Fatal(err)

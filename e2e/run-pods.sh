@@ -37,11 +37,14 @@ if [ "${1:-}" = --in-netns ]; then
   rc=0
   "$HERE/with-cluster.sh" "$@" || rc=$?
   # A test binary killed before its cleanups (a timeout, a signal) leaves
-  # the node up: its processes, cgroups and the sysctls it changed.
-  if [ -s "$RSM_NODE_DIR/pids/order" ]; then
-    echo "run-pods: the node in $RSM_NODE_DIR is still up: bringing it down" >&2
-    "$HERE/in-rootfs.sh" -b "$(dirname "$RSM_NODE_DIR")" -b "$TOP" -w "$TOP" e2e/k8s/node.sh down "$RSM_NODE_DIR" || true
-  fi
+  # the node up: its processes, cgroups and the sysctls it changed. Each
+  # test's node has a folder of its own in RSM_NODE_DIR.
+  for d in "$RSM_NODE_DIR"/*/; do
+    d=${d%/}
+    [ -s "$d/pids/order" ] || continue
+    echo "run-pods: the node in $d is still up: bringing it down" >&2
+    "$HERE/in-rootfs.sh" -b "$(dirname "$RSM_NODE_DIR")" -b "$TOP" -w "$TOP" e2e/k8s/node.sh down "$d" || true
+  done
   exit $rc
 fi
 
