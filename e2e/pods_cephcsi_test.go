@@ -3,11 +3,13 @@
 package e2e
 
 // TestPodsCephCSI: deploy/README.md's third route, "Ceph-CSI from its
-// manifests: in the provisioner pod", on a real kubelet (the node of
-// TestPods, e2e/run-pods.sh). Ceph-CSI v3.13.1's real
+// manifests: in the provisioner pod", on a real kubelet (a node like
+// TestPods', of its own, e2e/run-pods.sh). Ceph-CSI v3.13.1's real
 // csi-rbdplugin-provisioner manifest (../shared/reference/upstream) is
-// applied as a user applies it, then patched with ours by the README's
-// three commands over a copy of deploy/. Its images that cannot be had here
+// applied as a user applies it (replicas 1: one node), then patched with
+// ours by the README's three commands over a copy of deploy/, and the
+// rollout that the one node leaves waiting is let go on as the README says.
+// Its images that cannot be had here
 // are STAND-INS under the same names (e2e/k8s/standin: Ceph-CSI's own
 // quay.io/cephcsi/cephcsi:v3.13.1 and the sig-storage csi-provisioner,
 // csi-snapshotter, csi-attacher and csi-resizer), which only create or dial
@@ -71,7 +73,7 @@ func TestPodsCephCSI(t *testing.T) {
 	k.cephCSIUpstream(t, string(manifest))
 	r := csiSnapshots(t, k)
 	took := k.cephCSIPatch(t, image, tag)
-	t.Logf("our objects and the patch to the provisioner pod Ready: %.1fs", took.Seconds())
+	t.Logf("deploy/README.md's commands to the patched provisioner pod Ready: %.1fs", took.Seconds())
 
 	t.Run("provisioner-pod", func(t *testing.T) { k.checkProvisionerPod(t) })
 	for _, c := range []struct {
@@ -148,10 +150,8 @@ deletionPolicy: Delete
 // cephCSIUpstream applies Ceph-CSI's provisioner manifest as its README
 // says (the namespace replaced) and waits for its pod, all stand-ins. One
 // node: the manifest's required pod anti-affinity (one provisioner a node)
-// leaves room for one replica, and for a rolling update only if the old
-// pod goes first, so replicas 1 and maxSurge 0, maxUnavailable 1: what a
-// user of a one-node cluster sets (with as many nodes as replicas the
-// default 25% surge waits for a node forever, too).
+// leaves room for one replica, so replicas 1, what a user of a one-node
+// cluster sets.
 func (k *k8sEnv) cephCSIUpstream(t *testing.T, manifest string) {
 	t.Helper()
 	s := strings.ReplaceAll(manifest, "namespace: default", "namespace: "+csiNS)
@@ -162,10 +162,26 @@ func (k *k8sEnv) cephCSIUpstream(t *testing.T, manifest string) {
 	f := filepath.Join(k.dir, "csi-rbdplugin-provisioner.yaml")
 	writeFile(t, f, s)
 	k.kubectl(t, "apply", "-f", f)
-	k.kubectl(t, "-n", csiNS, "patch", "deployment", csiProvisioner, "--type=merge",
-		"-p", `{"spec":{"strategy":{"rollingUpdate":{"maxSurge":0,"maxUnavailable":1}}}}`)
 	took := k.waitRollout(t, csiNS, csiProvisioner, csiReadyWithin)
 	t.Logf("Ceph-CSI's provisioner alone (stand-ins) Ready in %.1fs", took.Seconds())
+}
+
+// cephCSIStuck: the rollout that the patch started waits, as deploy/README.md
+// says, with no more nodes than replicas: the new pod is unschedulable for
+// the anti-affinity (the default 25% surge starts it before the old pod
+// goes). Then the README's strategy patch lets the old pod go first.
+func (k *k8sEnv) cephCSIStuck(t *testing.T) {
+	t.Helper()
+	var msg string
+	waitFor(t, "the new provisioner pod unschedulable for the anti-affinity", 2*time.Minute, func() bool {
+		out, _ := k.kubectlQuiet("-n", csiNS, "get", "pods", "-l", csiSel, "-o",
+			`jsonpath={range .items[*]}{.status.conditions[?(@.type=="PodScheduled")].message}{"\n"}{end}`)
+		msg = strings.TrimSpace(out)
+		return strings.Contains(msg, "anti-affinity")
+	})
+	t.Logf("the patch's rollout waits, as deploy/README.md says: %s", msg)
+	k.kubectl(t, "-n", csiNS, "patch", "deployment", csiProvisioner, "--type=merge",
+		"-p", `{"spec":{"strategy":{"rollingUpdate":{"maxSurge":0,"maxUnavailable":1}}}}`)
 }
 
 // cephCSIPatch runs deploy/README.md's three commands over a copy of
@@ -205,7 +221,10 @@ kubectl kustomize deploy/examples/ceph-csi/provisioner |
 	if err != nil {
 		t.Fatalf("deploy/README.md's commands: %v", err)
 	}
+	k.cephCSIStuck(t)
+	t1 := time.Now()
 	k.waitRollout(t, csiNS, csiProvisioner, csiReadyWithin)
+	t.Logf("the strategy patch to the patched pod Ready: %.1fs", time.Since(t1).Seconds())
 	return time.Since(t0)
 }
 
