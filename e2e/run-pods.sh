@@ -1,11 +1,12 @@
 #!/bin/bash
 # Our pods on a real kubelet (./dev.sh pods): the tests of e2e/pods_test.go
-# on a one-node Kubernetes (e2e/k8s/node.sh) and a throwaway reef cluster,
+# and e2e/pods_cephcsi_test.go, each on a one-node Kubernetes of its own
+# (e2e/k8s/node.sh, in RSM_NODE_DIR/<test>) and a throwaway reef cluster,
 # both inside a network namespace made here, at the address RSM_NODE_IP
 # (default 10.200.0.1) of a veth link there. Nothing leaves the namespace: the
 # pods reach Ceph and the API server at that address.
 #
-#   e2e/run-pods.sh [go test args]        e.g. -run TestPodsHelm -v
+#   e2e/run-pods.sh [go test args]        e.g. -run TestPodsCephCSI -v
 #   e2e/run-pods.sh --hold                bring the node up with our image
 #                                         and stay up until Ctrl-C; prints
 #                                         how to enter the namespace
