@@ -169,13 +169,17 @@
 //
 // Our pods on a real kubelet: a one-node Kubernetes (e2e/k8s/node.sh) and
 // a reef cluster in a network namespace of their own, our image and the
-// sidecar's installed with the Helm chart, backup clients as pods. Only
+// sidecar's installed by each route of deploy/README.md (the Helm chart and
+// the Rook kustomize example in TestPods; Ceph-CSI v3.13.1's provisioner
+// pod patched with ours in TestPodsCephCSI, its Ceph-CSI and sig-storage
+// images stand-ins from e2e/k8s/standin), backup clients as pods. Only
 // e2e/run-pods.sh (./dev.sh pods, CI's pods phase) runs them; elsewhere
 // they skip. TestPodsHold is ./dev.sh node:
 //
 //   - pods_test.go: TestPods, TestPodsHold
 //   - pods_memory_test.go: (the memory subtests of the pods test: stalled readers
 //     beside a precise stream; the containers' memory cgroups)
+//   - pods_cephcsi_test.go: TestPodsCephCSI
 //
 // The benchmark, skipped unless RSM_BENCH=1 (e2e/run-bench.sh, ./dev.sh
 // bench):

@@ -45,9 +45,12 @@ func startNode(t *testing.T) *kube.Env {
 		t.Skip("needs the network namespace and the images of e2e/run-pods.sh (./dev.sh pods)")
 	}
 	// run-pods.sh names a folder of the machine's, so that it can bring
-	// the node down should this process die before its cleanups run.
+	// the node down should this process die before its cleanups run; each
+	// test's node has a folder (its etcd, containerd) of its own there.
 	dir := os.Getenv("RSM_NODE_DIR")
-	if dir == "" {
+	if dir != "" {
+		dir = filepath.Join(dir, t.Name())
+	} else {
 		var err error
 		if dir, err = os.MkdirTemp("/var/tmp", "rsm-node."); err != nil {
 			t.Fatal(err)
@@ -438,86 +441,19 @@ func TestPods(t *testing.T) {
 	dl1, dl2 := l1.Data(t), l2.Data(t)
 	k.VolumeSnapshot(t, "snap-l1", l1.Handle(), int64(len(dl1)))
 	k.VolumeSnapshot(t, "snap-l2", l2.Handle(), int64(len(dl2)))
-	// disrupt runs the long Delta at delay a record (33 records), calls
-	// during once it is under way, and checks what the client got: with
-	// cut, an error a backup tool retries (the fault outlasts the grace),
-	// else the whole answer or such an error; with allNew, that the next
-	// request is served by a pod that was not there. ns is the install's
-	// namespace, pre its VolumeSnapshots' prefix.
-	disrupt := func(t *testing.T, ns, pre, name, delay string, cut, allNew bool, during func(t *testing.T)) {
-		t.Helper()
-		before := podNames(pods(t, k, ns, sel))
-		pod := startPod(t, k, name, kube.BackupSA, "rsm-e2e.local/backup-client:v1.1.0", "-snapshot", pre+"l2",
-			"-prev-snapshot", pre+"l1", "-namespace", kube.NS, "-max-results", "1000", "-record-delay", delay)
-		// Mid-stream: once the first records have arrived.
-		harness.WaitFor(t, name+"'s first records", 2*time.Minute, func() bool {
-			out, _ := k.KubectlQuiet("-n", kube.NS, "logs", pod)
-			return strings.Count(out, "\n") >= 2000
-		})
-		during(t)
-		logs, ok := waitPod(t, k, pod, 5*time.Minute)
-		if ok && cut {
-			t.Errorf("%s: the stream ended OK although its pod went away 2000 tuples into it: the buffers held it all, so this did not test a cut stream; make it longer", name)
-		}
-		if ok {
-			got, _ := clientAnswer(t, logs)
-			csiCheckOracle(t, name+": the stream across the replacement", got, dl1, dl2, 0)
-			t.Logf("%s: the stream ended OK with all %d tuples", name, len(got.extents))
-		} else {
-			last := lastLine(logs)
-			if !regexp.MustCompile(`Unavailable|Aborted|Canceled|DeadlineExceeded|EOF|connection`).MatchString(last) {
-				t.Errorf("%s: the stream failed with what a backup tool would not retry: %s", name, last)
-			}
-			t.Logf("%s: the stream ended with a retryable error: %s", name, last)
-		}
-		waitRollout(t, k, ns, "rbd-snapshot-metadata", 5*time.Minute)
-		// The replaced pods gone (their grace is 30 s), two Ready ones left.
-		harness.WaitFor(t, "the replaced pods gone", 2*time.Minute, func() bool {
-			ps := pods(t, k, ns, sel)
-			return len(ps) == 2 && ps[0].readyAfter() >= 0 && ps[1].readyAfter() >= 0
-		})
-		after := checkPodsHealthy(t, k, ns, sel, 2)
-		// The next request: answered in full by a pod that was not there.
-		logs, ok = runPod(t, k, name+"-next", kube.BackupSA, "rsm-e2e.local/backup-client:v1.1.0",
-			"-snapshot", pre+"a2", "-prev-snapshot", pre+"a1", "-namespace", kube.NS)
-		if !ok {
-			t.Fatalf("%s: the next request failed:\n%s", name, harness.Tail(logs, 10))
-		}
-		got, _ := clientAnswer(t, logs)
-		csiCheckOracle(t, name+": the next request", got, da1, da2, 0)
-		var fresh []string
-		for _, p := range after {
-			if !before[p.Metadata.Name] {
-				fresh = append(fresh, p.Metadata.Name)
-			}
-		}
-		if len(fresh) == 0 {
-			t.Errorf("%s: no new pod (before %v)", name, before)
-		}
-		if !allNew {
-			return
-		}
-		served := false
-		for n := range podNames(after) {
-			if out, _ := k.KubectlQuiet("-n", ns, "logs", n, "-c", "rbd-snapshot-metadata"); strings.Contains(out, "GetMetadataDelta") {
-				served = served || !before[n]
-			}
-		}
-		if !served {
-			t.Errorf("%s: no new pod (%v) served the next request", name, fresh)
-		}
-	}
+	chartRoute := podRoute{ns: podNS, deploy: "rbd-snapshot-metadata", sel: sel, pre: "snap-", replicas: 2,
+		short: [2][]byte{da1, da2}, long: [2][]byte{dl1, dl2}}
 	// Within the chart's grace (the server's 25 s, the pod's 30 s): 33
 	// records at 0.5 s.
 	t.Run("rolling-upgrade", func(t *testing.T) {
-		disrupt(t, podNS, "snap-", "upgrade", "500ms", false, true, func(t *testing.T) {
+		disrupt(t, k, chartRoute, "upgrade", "500ms", false, true, func(t *testing.T) {
 			k.Helm(t, "upgrade", podRelease, chart, "-n", podNS, "--reuse-values", "--set", "image.tag="+tag+"-next")
 		})
 	})
 	// Past it: 33 records at 2 s, so that the server's grace and then the
 	// kubelet's SIGKILL end the stream under the client.
 	t.Run("pod-deleted", func(t *testing.T) {
-		disrupt(t, podNS, "snap-", "deleted", "2s", true, false, func(t *testing.T) {
+		disrupt(t, k, chartRoute, "deleted", "2s", true, false, func(t *testing.T) {
 			// The pod whose server has the stream.
 			var serving []string
 			for _, p := range pods(t, k, podNS, sel) {
@@ -599,10 +535,97 @@ func TestPods(t *testing.T) {
 		csiCheckOracle(t, "kustomize route: backup client pod delta", got, da1, da2, 0)
 
 		// The kustomize routes' rolling restart, during a long Delta.
-		disrupt(t, ns, "rook-", "restart", "500ms", false, true, func(t *testing.T) {
+		rook := chartRoute
+		rook.ns, rook.pre = ns, "rook-"
+		disrupt(t, k, rook, "restart", "500ms", false, true, func(t *testing.T) {
 			k.Kubectl(t, "-n", ns, "rollout", "restart", "deploy/rbd-snapshot-metadata")
 		})
 	})
+}
+
+// podRoute is an install of ours whose pods disrupt replaces: its
+// namespace, Deployment, pod selector and replicas, the prefix of its
+// VolumeSnapshots (<pre>a1, a2: a short Delta; l1, l2: the long one) and
+// those snapshots' bytes.
+type podRoute struct {
+	ns, deploy, sel, pre string
+	replicas             int
+	short, long          [2][]byte
+}
+
+// disrupt runs the long Delta at delay a record (33 records), calls
+// during once it is under way, and checks what the client got: with cut,
+// an error a backup tool retries (the fault outlasts the grace), else the
+// whole answer or such an error; with allNew, that the next request is
+// served by a pod that was not there.
+func disrupt(t *testing.T, k *kube.Env, r podRoute, name, delay string, cut, allNew bool, during func(t *testing.T)) {
+	t.Helper()
+	before := podNames(pods(t, k, r.ns, r.sel))
+	pod := startPod(t, k, name, kube.BackupSA, "rsm-e2e.local/backup-client:v1.1.0", "-snapshot", r.pre+"l2",
+		"-prev-snapshot", r.pre+"l1", "-namespace", kube.NS, "-max-results", "1000", "-record-delay", delay)
+	// Mid-stream: once the first records have arrived.
+	harness.WaitFor(t, name+"'s first records", 2*time.Minute, func() bool {
+		out, _ := k.KubectlQuiet("-n", kube.NS, "logs", pod)
+		return strings.Count(out, "\n") >= 2000
+	})
+	during(t)
+	logs, ok := waitPod(t, k, pod, 5*time.Minute)
+	if ok && cut {
+		t.Errorf("%s: the stream ended OK although its pod went away 2000 tuples into it: the buffers held it all, so this did not test a cut stream; make it longer", name)
+	}
+	if ok {
+		got, _ := clientAnswer(t, logs)
+		csiCheckOracle(t, name+": the stream across the replacement", got, r.long[0], r.long[1], 0)
+		t.Logf("%s: the stream ended OK with all %d tuples", name, len(got.extents))
+	} else {
+		last := lastLine(logs)
+		if !regexp.MustCompile(`Unavailable|Aborted|Canceled|DeadlineExceeded|EOF|connection`).MatchString(last) {
+			t.Errorf("%s: the stream failed with what a backup tool would not retry: %s", name, last)
+		}
+		t.Logf("%s: the stream ended with a retryable error: %s", name, last)
+	}
+	waitRollout(t, k, r.ns, r.deploy, 5*time.Minute)
+	// The replaced pods gone (their grace is 30 s), r.replicas Ready ones left.
+	harness.WaitFor(t, "the replaced pods gone", 2*time.Minute, func() bool {
+		ps := pods(t, k, r.ns, r.sel)
+		ready := 0
+		for _, p := range ps {
+			if p.readyAfter() >= 0 {
+				ready++
+			}
+		}
+		return len(ps) == r.replicas && ready == r.replicas
+	})
+	after := checkPodsHealthy(t, k, r.ns, r.sel, r.replicas)
+	// The next request: answered in full by a pod that was not there.
+	logs, ok = runPod(t, k, name+"-next", kube.BackupSA, "rsm-e2e.local/backup-client:v1.1.0",
+		"-snapshot", r.pre+"a2", "-prev-snapshot", r.pre+"a1", "-namespace", kube.NS)
+	if !ok {
+		t.Fatalf("%s: the next request failed:\n%s", name, harness.Tail(logs, 10))
+	}
+	got, _ := clientAnswer(t, logs)
+	csiCheckOracle(t, name+": the next request", got, r.short[0], r.short[1], 0)
+	var fresh []string
+	for _, p := range after {
+		if !before[p.Metadata.Name] {
+			fresh = append(fresh, p.Metadata.Name)
+		}
+	}
+	if len(fresh) == 0 {
+		t.Errorf("%s: no new pod (before %v)", name, before)
+	}
+	if !allNew {
+		return
+	}
+	served := false
+	for n := range podNames(after) {
+		if out, _ := k.KubectlQuiet("-n", r.ns, "logs", n, "-c", "rbd-snapshot-metadata"); strings.Contains(out, "GetMetadataDelta") {
+			served = served || !before[n]
+		}
+	}
+	if !served {
+		t.Errorf("%s: no new pod (%v) served the next request", name, fresh)
+	}
 }
 
 func podNames(ps []podInfo) map[string]bool {

@@ -1,11 +1,12 @@
 #!/bin/bash
 # Our pods on a real kubelet (./dev.sh pods): the tests of e2e/pods_test.go
-# on a one-node Kubernetes (e2e/k8s/node.sh) and a throwaway reef cluster,
+# and e2e/pods_cephcsi_test.go, each on a one-node Kubernetes of its own
+# (e2e/k8s/node.sh, in RSM_NODE_DIR/<test>) and a throwaway reef cluster,
 # both inside a network namespace made here, at the address RSM_NODE_IP
 # (default 10.200.0.1) of a veth link there. Nothing leaves the namespace: the
 # pods reach Ceph and the API server at that address.
 #
-#   e2e/run-pods.sh [go test args]        e.g. -run TestPodsHelm -v
+#   e2e/run-pods.sh [go test args]        e.g. -run TestPodsCephCSI -v
 #   e2e/run-pods.sh --hold                bring the node up with our image
 #                                         and stay up until Ctrl-C; prints
 #                                         how to enter the namespace
@@ -37,11 +38,14 @@ if [ "${1:-}" = --in-netns ]; then
   rc=0
   "$HERE/with-cluster.sh" "$@" || rc=$?
   # A test binary killed before its cleanups (a timeout, a signal) leaves
-  # the node up: its processes, cgroups and the sysctls it changed.
-  if [ -s "$RSM_NODE_DIR/pids/order" ]; then
-    echo "run-pods: the node in $RSM_NODE_DIR is still up: bringing it down" >&2
-    "$HERE/in-rootfs.sh" -b "$(dirname "$RSM_NODE_DIR")" -b "$TOP" -w "$TOP" e2e/k8s/node.sh down "$RSM_NODE_DIR" || true
-  fi
+  # the node up: its processes, cgroups and the sysctls it changed. Each
+  # test's node has a folder of its own in RSM_NODE_DIR.
+  for d in "$RSM_NODE_DIR"/*/; do
+    d=${d%/}
+    [ -s "$d/pids/order" ] || continue
+    echo "run-pods: the node in $d is still up: bringing it down" >&2
+    "$HERE/in-rootfs.sh" -b "$(dirname "$RSM_NODE_DIR")" -b "$TOP" -w "$TOP" e2e/k8s/node.sh down "$d" || true
+  done
   exit $rc
 fi
 
@@ -80,7 +84,12 @@ timed test go test -c -tags pacific,e2e -o "$OUT/e2e.test" ./e2e/
 export RSM_K8S_BIN RSM_HELM_BIN RSM_NODE_IMAGES="$RSM_NODE_IMAGES $OUT/images"
 export RSM_POD_IMAGE=$IMAGE RSM_POD_TAG=$VERSION RSM_NODE_DIR=$OUT/node
 export RSM_BIND="$RSM_K8S_BIN $RSM_HELM_BIN ${RSM_NODE_IMAGES% *} $OUT $PWD/deploy${RSM_BIND:+ $RSM_BIND}"
-[ ! -d "$TOP/../shared/reference/upstream" ] || RSM_BIND="$(cd "$TOP/../shared/reference/upstream" && pwd) $RSM_BIND"
+# Ceph-CSI's reference manifest (TestPodsCephCSI), at its physical path:
+# ../shared may be a symbolic link, which the rootfs does not have.
+if [ -d "$TOP/../shared/reference/upstream" ]; then
+  RSM_UPSTREAM=$(cd "$TOP/../shared/reference/upstream" && pwd -P)
+  export RSM_UPSTREAM RSM_BIND="$RSM_UPSTREAM $RSM_BIND"
+fi
 
 if [ "${1:-}" = --hold ]; then
   export RSM_NODE_HOLD=1

@@ -24,6 +24,12 @@
 #                              coredns.tar                registry.k8s.io/coredns/coredns:v1.12.1
 #                              snapshot-metadata-lister.tar  rsm-e2e.local/snapshot-metadata-lister:v1.1.0
 #                              backup-client.tar          rsm-e2e.local/backup-client:v1.1.0
+#                            and the stand-ins (standin/, not the real images)
+#                            for the images of Ceph-CSI v3.13.1's provisioner
+#                            pod that cannot be had here:
+#                              standin-cephcsi.tar        quay.io/cephcsi/cephcsi:v3.13.1
+#                              standin-csi-provisioner.tar  registry.k8s.io/sig-storage/csi-provisioner:v5.0.1
+#                              (and csi-snapshotter, csi-attacher, csi-resizer)
 #   e2e/k8s/k8s.sh images-dir  print that folder if it is built; exit 1 if not
 #   e2e/k8s/k8s.sh up        run the e2e flow (./dev.sh e2e -run TestK8sSidecar)
 #                            and keep everything up: Ceph, our server, etcd,
@@ -363,19 +369,35 @@ helm_tidy() {
 # the entrypoint. pause is pause/pause.c, gcc -static -Os (libc6-dev's
 # static glibc). The commits are stamped at time 0, so that the same inputs
 # make the same image IDs.
+#
+# The stand-ins: one static binary (standin/, a module of its own with no
+# dependencies) under the names of the images of Ceph-CSI v3.13.1's
+# csi-rbdplugin-provisioner that cannot be had here: Ceph-CSI's own (the
+# module proxy refuses ceph-csi) and its sig-storage sidecars (not needed by
+# any check). It only creates or dials the sockets its arguments name and
+# waits for SIGTERM (standin/main.go); the env STANDIN_FOR names the image,
+# and every line it logs says "stand-in".
 PAUSE=3.10.1      # the sandbox image kubelet/containerd 1.34 expect
-IMAGES_REV=1      # bump when images_build's commands change
+IMAGES_REV=2      # bump when images_build's commands change
+STANDINS="cephcsi quay.io/cephcsi/cephcsi:v3.13.1
+csi-provisioner registry.k8s.io/sig-storage/csi-provisioner:v5.0.1
+csi-snapshotter registry.k8s.io/sig-storage/csi-snapshotter:v8.2.0
+csi-attacher registry.k8s.io/sig-storage/csi-attacher:v4.6.1
+csi-resizer registry.k8s.io/sig-storage/csi-resizer:v1.11.1"
 RSM_IMAGES="pause.tar registry.k8s.io/pause:$PAUSE
 csi-snapshot-metadata.tar registry.k8s.io/sig-storage/csi-snapshot-metadata:$ESM
 coredns.tar registry.k8s.io/coredns/coredns:$COREDNS
 snapshot-metadata-lister.tar rsm-e2e.local/snapshot-metadata-lister:$ESM
-backup-client.tar rsm-e2e.local/backup-client:$ESM"
+backup-client.tar rsm-e2e.local/backup-client:$ESM
+$(sed 's/^/standin-/; s/ /.tar /' <<<"$STANDINS")"
 
 images_key() {
   {
     key
     echo "$IMAGES_REV $PAUSE $RSM_IMAGES"
     sha256sum "$HERE/pause/pause.c" | cut -d' ' -f1
+    (cd "$HERE" && find standin -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum)
+    go env GOVERSION
     gcc -dumpfullversion 2>/dev/null || echo "no gcc"
     dpkg-query -W libc6-dev 2>/dev/null || echo "no libc6-dev"
     buildah --version 2>/dev/null || echo "no buildah"
@@ -424,7 +446,9 @@ images_build() {
   mkdir "$itmp/out"
   gcc -static -Os -s -Wall -o "$itmp/pause.bin" "$HERE/pause/pause.c" ||
     die "gcc -static pause.c failed (the static libc is libc6-dev's libc.a)"
-  for f in "$itmp/pause.bin" "$bin"/{csi-snapshot-metadata,coredns,snapshot-metadata-lister,backup-client}; do static "$f"; done
+  (cd "$HERE/standin" && CGO_ENABLED=0 go build -trimpath -ldflags=-s -o "$itmp/standin.bin" .) ||
+    die "go build of standin/ failed"
+  for f in "$itmp/pause.bin" "$itmp/standin.bin" "$bin"/{csi-snapshot-metadata,coredns,snapshot-metadata-lister,backup-client}; do static "$f"; done
   # The root of each image: its binary, and an empty /tmp where it has one.
   for r in pause csi-snapshot-metadata coredns snapshot-metadata-lister backup-client; do
     mkdir "$itmp/$r"
@@ -440,6 +464,12 @@ images_build() {
   image "$(imgref snapshot-metadata-lister)" snapshot-metadata-lister.tar "$itmp/snapshot-metadata-lister" \
     --entrypoint '["/snapshot-metadata-lister"]'
   image "$(imgref backup-client)" backup-client.tar "$itmp/backup-client" --entrypoint '["/backup-client"]'
+  mkdir "$itmp/standin"
+  install -m 755 "$itmp/standin.bin" "$itmp/standin/standin"
+  while read -r r ref; do
+    image "$ref" "standin-$r.tar" "$itmp/standin" --entrypoint '["/standin"]' --env STANDIN_FOR="$ref" \
+      --label description="stand-in for $ref: not the real image (e2e/k8s/standin)"
+  done <<<"$STANDINS"
   echo "$RSM_IMAGES" >"$itmp/out/IMAGES"
   touch "$itmp/out/.complete"
   rm -rf "$out"

@@ -1,0 +1,3 @@
+module rsm-e2e.local/standin
+
+go 1.26.0
