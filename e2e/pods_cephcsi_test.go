@@ -190,21 +190,7 @@ func cephCSIStuck(t *testing.T, k *kube.Env) {
 // returns how long the patched pod took to be Ready.
 func cephCSIPatch(t *testing.T, k *kube.Env, image, tag string) time.Duration {
 	t.Helper()
-	src := filepath.Join(k.Dir, "checkout")
-	if err := os.CopyFS(filepath.Join(src, "deploy"), os.DirFS("deploy")); err != nil {
-		t.Fatal(err)
-	}
-	example := filepath.Join(src, "deploy", "examples", "ceph-csi")
-	kz := filepath.Join(example, "provisioner", "kustomization.yaml")
-	b, err := os.ReadFile(kz)
-	if err != nil {
-		t.Fatal(err)
-	}
-	const was = "newName: registry.example.com/rbd-snapshot-metadata\n    newTag: v0.1.0"
-	if !strings.Contains(string(b), was) {
-		t.Fatalf("%s sets the image otherwise than %q", kz, was)
-	}
-	kube.WriteFile(t, kz, strings.Replace(string(b), was, "newName: "+image+"\n    newTag: "+tag, 1))
+	src := userCheckout(t, k, "examples/ceph-csi/provisioner/kustomization.yaml", image, tag)
 	// As written in deploy/README.md, NS=ceph-csi-rbd (the example's own).
 	script := `set -eo pipefail
 NS=` + csiNS + `

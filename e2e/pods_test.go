@@ -487,24 +487,11 @@ func TestPods(t *testing.T) {
 	// with Rook's driver name. (No Rook here, so no Driver CR to patch.)
 	t.Run("kustomize-rook", func(t *testing.T) {
 		const ns, driver, class = "rook-ceph", "rook-ceph.rbd.csi.ceph.com", "rook-ceph-snapclass"
-		src := filepath.Join(k.Dir, "checkout")
-		if err := os.CopyFS(filepath.Join(src, "deploy"), os.DirFS("deploy")); err != nil {
-			t.Fatal(err)
-		}
+		src := userCheckout(t, k, "examples/rook/kustomization.yaml", image, tag)
 		example := filepath.Join(src, "deploy", "examples", "rook")
 		if out, err := exec.Command(filepath.Join(src, "deploy", "gen-certs.sh"), "-n", ns, filepath.Join(example, "certs")).CombinedOutput(); err != nil {
 			t.Fatalf("gen-certs.sh: %v\n%s", err, out)
 		}
-		kz := filepath.Join(example, "kustomization.yaml")
-		b, err := os.ReadFile(kz)
-		if err != nil {
-			t.Fatal(err)
-		}
-		const was = "newName: registry.example.com/rbd-snapshot-metadata\n    newTag: v0.1.0"
-		if !strings.Contains(string(b), was) {
-			t.Fatalf("%s sets the image otherwise than %q", kz, was)
-		}
-		kube.WriteFile(t, kz, strings.Replace(string(b), was, "newName: "+image+"\n    newTag: "+tag, 1))
 		k.Kubectl(t, "create", "namespace", ns)
 		k.Kubectl(t, "-n", ns, "create", "configmap", "ceph-csi-config",
 			"--from-file=config.json="+filepath.Join(harness.ClusterEnv(t, "RSM_CLUSTER_DIR"), "csi-config.json"))
@@ -541,6 +528,29 @@ func TestPods(t *testing.T) {
 			k.Kubectl(t, "-n", ns, "rollout", "restart", "deploy/rbd-snapshot-metadata")
 		})
 	})
+}
+
+// userCheckout copies deploy/ to a checkout of the test's, as a user's of
+// the repository, and sets our image there in the kustomization file kz
+// (relative to deploy/), as deploy/README.md tells a user to; returns the
+// checkout's folder (holding deploy/).
+func userCheckout(t *testing.T, k *kube.Env, kz, image, tag string) string {
+	t.Helper()
+	src := filepath.Join(k.Dir, "checkout")
+	if err := os.CopyFS(filepath.Join(src, "deploy"), os.DirFS("deploy")); err != nil {
+		t.Fatal(err)
+	}
+	kz = filepath.Join(src, "deploy", kz)
+	b, err := os.ReadFile(kz)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const was = "newName: registry.example.com/rbd-snapshot-metadata\n    newTag: v0.1.0"
+	if !strings.Contains(string(b), was) {
+		t.Fatalf("%s sets the image otherwise than %q", kz, was)
+	}
+	kube.WriteFile(t, kz, strings.Replace(string(b), was, "newName: "+image+"\n    newTag: "+tag, 1))
+	return src
 }
 
 // podRoute is an install of ours whose pods disrupt replaces: its
