@@ -93,21 +93,30 @@ func (m cgroupMemory) checkUnderLimit(t *testing.T, pod string) {
 }
 
 // streamsInFlight is the server's rbd_snapshot_metadata_streams_in_flight,
-// scraped through the metrics Service (of the one replica left).
+// summed over its methods, scraped through the metrics Service (of the one
+// replica left).
 func streamsInFlight(t *testing.T, k *kube.Env) int {
 	t.Helper()
 	out := k.Kubectl(t, "get", "--raw", "/api/v1/namespaces/"+podNS+"/services/rbd-snapshot-metadata-metrics:9191/proxy/metrics")
+	n, found := 0, false
 	for _, l := range strings.Split(out, "\n") {
-		if v, ok := strings.CutPrefix(l, "rbd_snapshot_metadata_streams_in_flight "); ok {
-			n, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			if err != nil {
-				t.Fatalf("streams_in_flight %q: %v", v, err)
-			}
-			return int(n)
+		f := strings.Fields(l)
+		if len(f) != 2 || !strings.HasPrefix(f[0], "rbd_snapshot_metadata_streams_in_flight") {
+			continue
 		}
+		if name, _, _ := strings.Cut(f[0], "{"); name != "rbd_snapshot_metadata_streams_in_flight" {
+			continue
+		}
+		v, err := strconv.ParseFloat(f[1], 64)
+		if err != nil {
+			t.Fatalf("%s: %v", l, err)
+		}
+		n, found = n+int(v), true
 	}
-	t.Fatalf("no rbd_snapshot_metadata_streams_in_flight in the metrics:\n%s", harness.Tail(out, 10))
-	return 0
+	if !found {
+		t.Fatalf("no rbd_snapshot_metadata_streams_in_flight in the metrics:\n%s", harness.Tail(out, 10))
+	}
+	return n
 }
 
 // streamsStarted counts the streams of a backup client run with -streams
