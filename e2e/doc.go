@@ -179,6 +179,8 @@
 // they skip. TestPodsHold is ./dev.sh node:
 //
 //   - pods_test.go: TestPods, TestPodsHold
+//   - pods_restart_test.go: (the pods test's server killed and restarted in
+//     place beside its old socket)
 //   - pods_memory_test.go: (the memory subtests of the pods test: stalled readers
 //     beside a precise stream; the containers' memory cgroups)
 //   - pods_cephcsi_test.go: TestPodsCephCSI

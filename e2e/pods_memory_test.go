@@ -36,9 +36,10 @@ func (m cgroupMemory) String() string {
 		m.limit>>20, float64(m.usage)/(1<<20), float64(m.peak)/(1<<20), m.oom)
 }
 
-// containerMemory reads the memory cgroup of p's container named name,
-// under the node's cgroupRoot, and fails t if the container restarted.
-func containerMemory(t *testing.T, k *kube.Env, p podInfo, name string) cgroupMemory {
+// containerCgroup is the cgroup (v1) folder of p's container named name in
+// the hierarchy ctl (memory, pids, ...) under the node's cgroupRoot, and
+// that container's status; it fails t if there is none.
+func containerCgroup(t *testing.T, k *kube.Env, p podInfo, name, ctl string) (string, containerStatus) {
 	t.Helper()
 	root, err := os.ReadFile(filepath.Join(k.Dir, "cgroup"))
 	if err != nil {
@@ -48,33 +49,41 @@ func containerMemory(t *testing.T, k *kube.Env, p podInfo, name string) cgroupMe
 		if c.Name != name {
 			continue
 		}
-		if c.RestartCount != 0 {
-			t.Errorf("%s: %d restarts", p.Metadata.Name, c.RestartCount)
-		}
 		id := strings.TrimPrefix(c.ContainerID, "containerd://")
-		base := filepath.Join("/sys/fs/cgroup/memory", strings.TrimSpace(string(root)))
+		base := filepath.Join("/sys/fs/cgroup", ctl, strings.TrimSpace(string(root)))
 		dirs, _ := filepath.Glob(filepath.Join(base, "kubepods*", "*pod"+p.Metadata.UID, id))
 		more, _ := filepath.Glob(filepath.Join(base, "kubepods*", "*", "*pod"+p.Metadata.UID, id))
 		if dirs = append(dirs, more...); len(dirs) != 1 {
-			t.Fatalf("%s: the container's memory cgroup: found %v", p.Metadata.Name, dirs)
+			t.Fatalf("%s: the container's %s cgroup: found %v", p.Metadata.Name, ctl, dirs)
 		}
-		read := func(f string) int64 {
-			b, err := os.ReadFile(filepath.Join(dirs[0], f))
-			if err != nil {
-				t.Fatal(err)
-			}
-			n, err := strconv.ParseInt(strings.Fields(string(b))[0], 10, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return n
-		}
-		oom, _ := os.ReadFile(filepath.Join(dirs[0], "memory.oom_control"))
-		return cgroupMemory{read("memory.limit_in_bytes"), read("memory.usage_in_bytes"), read("memory.max_usage_in_bytes"),
-			strings.ReplaceAll(strings.TrimSpace(string(oom)), "\n", ", ")}
+		return dirs[0], c
 	}
 	t.Fatalf("%s: no container %s", p.Metadata.Name, name)
-	return cgroupMemory{}
+	return "", containerStatus{}
+}
+
+// containerMemory reads the memory cgroup of p's container named name,
+// and fails t if the container restarted.
+func containerMemory(t *testing.T, k *kube.Env, p podInfo, name string) cgroupMemory {
+	t.Helper()
+	dir, c := containerCgroup(t, k, p, name, "memory")
+	if c.RestartCount != 0 {
+		t.Errorf("%s: %d restarts", p.Metadata.Name, c.RestartCount)
+	}
+	read := func(f string) int64 {
+		b, err := os.ReadFile(filepath.Join(dir, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, err := strconv.ParseInt(strings.Fields(string(b))[0], 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	oom, _ := os.ReadFile(filepath.Join(dir, "memory.oom_control"))
+	return cgroupMemory{read("memory.limit_in_bytes"), read("memory.usage_in_bytes"), read("memory.max_usage_in_bytes"),
+		strings.ReplaceAll(strings.TrimSpace(string(oom)), "\n", ", ")}
 }
 
 // checkUnderLimit: the chart's limit in the cgroup, a peak below it, and
@@ -143,6 +152,22 @@ func streamsStarted(t *testing.T, logs string) (started, failed int) {
 	return started, failed
 }
 
+// scaleChart scales the chart's Deployment to n replicas and waits until
+// n pods are left, all Ready.
+func scaleChart(t *testing.T, k *kube.Env, sel string, n int) {
+	t.Helper()
+	k.Kubectl(t, "-n", podNS, "scale", "deployment", "rbd-snapshot-metadata", fmt.Sprintf("--replicas=%d", n))
+	harness.WaitFor(t, fmt.Sprintf("%d Ready replicas", n), 3*time.Minute, func() bool {
+		ps := pods(t, k, podNS, sel)
+		for _, p := range ps {
+			if p.readyAfter() < 0 {
+				return false
+			}
+		}
+		return len(ps) == n
+	})
+}
+
 // stalledReaders, on the chart's install scaled to one replica: a client
 // pod holds 31 streams of the long Delta, each stalled after its first
 // record (a backup tool that stopped reading), so that with the precise
@@ -153,20 +178,8 @@ func streamsStarted(t *testing.T, logs string) (started, failed int) {
 // gone. The replicas are put back to the chart's two at the end.
 func stalledReaders(t *testing.T, k *kube.Env, sel string, dl1, dl2 []byte) {
 	const stalled = 31
-	scale := func(n int) {
-		k.Kubectl(t, "-n", podNS, "scale", "deployment", "rbd-snapshot-metadata", fmt.Sprintf("--replicas=%d", n))
-		harness.WaitFor(t, fmt.Sprintf("%d Ready replicas", n), 3*time.Minute, func() bool {
-			ps := pods(t, k, podNS, sel)
-			for _, p := range ps {
-				if p.readyAfter() < 0 {
-					return false
-				}
-			}
-			return len(ps) == n
-		})
-	}
-	scale(1)
-	defer scale(2)
+	scaleChart(t, k, sel, 1)
+	defer scaleChart(t, k, sel, 2)
 	server := pods(t, k, podNS, sel)[0]
 	t.Logf("before: %s", containerMemory(t, k, server, "rbd-snapshot-metadata"))
 	pod := startPod(t, k, "stalled", kube.BackupSA, "rsm-e2e.local/backup-client:v1.1.0", "-snapshot", "snap-l2",

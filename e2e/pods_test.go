@@ -114,6 +114,14 @@ func describePods(k *kube.Env, ns string) string {
 	return out
 }
 
+// containerStatus is what a test reads of a container's status.
+type containerStatus struct {
+	Name         string
+	Ready        bool
+	RestartCount int
+	ContainerID  string
+}
+
 // podInfo is what a test reads of a pod.
 type podInfo struct {
 	Metadata struct {
@@ -130,12 +138,7 @@ type podInfo struct {
 			Status             string
 			LastTransitionTime time.Time
 		}
-		ContainerStatuses []struct {
-			Name         string
-			Ready        bool
-			RestartCount int
-			ContainerID  string
-		}
+		ContainerStatuses []containerStatus
 	}
 }
 
@@ -480,6 +483,9 @@ func TestPods(t *testing.T) {
 			m.checkUnderLimit(t, p.Metadata.Name)
 		}
 	})
+	// ---- A server killed in its pod, restarted in place by the kubelet
+	// beside the old socket (pods_restart_test.go).
+	t.Run("restart-in-place", func(t *testing.T) { restartInPlace(t, k, sel, da1, da2) })
 
 	// ---- The standalone kustomize example, as deploy/README.md's Rook
 	// route applies it: a checkout of deploy/ whose example a user has
