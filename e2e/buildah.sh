@@ -35,6 +35,11 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 TOP=$(dirname "$HERE")
 CACHE=${RSM_IMAGE_CACHE:-/var/cache/rbd-snapshot-metadata/image}
+# How long to wait for a build that another run holds the lock of: a cold
+# build on a loaded 2-core machine takes over an hour (k8s.io/kubernetes's
+# binaries: 66 min at load 20), and a waiter that gave up first failed the
+# run. CI's own limit bounds a hung one.
+LOCK_WAIT=${RSM_LOCK_WAIT:-7200}
 SEED_REV=3 # bump when the seeding below changes
 
 now() { date +%s.%N; }
@@ -134,7 +139,7 @@ seed() {
 	install_buildah
 	mkdir -p "$CACHE"
 	exec 9>"$CACHE/.lock"
-	flock -w 1800 9 || die "timed out waiting for $CACHE/.lock"
+	flock -w "$LOCK_WAIT" 9 || die "timed out waiting for $CACHE/.lock"
 	seed_debian
 	seed_golang
 }

@@ -127,7 +127,7 @@ start() {
   # concurrent starts do not take the same block.
   lockdir=/run/lock; [ -d $lockdir ] || lockdir=/tmp
   exec 9>"$lockdir/rsm-ceph-ports.lock"
-  flock -w 120 9 || die "timed out waiting for $lockdir/rsm-ceph-ports.lock"
+  flock -w 600 9 || die "timed out waiting for $lockdir/rsm-ceph-ports.lock"
   if [ -n "${RSM_CEPH_PORT_BASE:-}" ]; then
     base=$RSM_CEPH_PORT_BASE
     if ! [[ $base =~ ^[0-9]+$ ]] || ((base < 1024 || base + 99 > 65535)); then

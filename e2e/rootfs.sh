@@ -42,6 +42,11 @@ STAMP="rsm-rootfs v1 suite=$SUITE packages=$(tr ' ' '\n' <<<"$PKGS" | sort | tr 
 [ "$CEPH_RELEASE" = reef ] || STAMP="rsm-rootfs v1 ceph=$CEPH_RELEASE suites=$SUITES packages=$(tr ' ' '\n' <<<"$PKGS" | sort | tr '\n' ' ')"
 STAMP_FILE=.rsm-rootfs-stamp
 
+# How long to wait for a build that another run holds the lock of: a cold
+# build on a loaded 2-core machine takes over an hour (k8s.io/kubernetes's
+# binaries: 66 min at load 20), and a waiter that gave up first failed the
+# run. CI's own limit bounds a hung one.
+LOCK_WAIT=${RSM_LOCK_WAIT:-7200}
 now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1fs", b - a }'; }
 log() { echo "rootfs: $*" >&2; }
@@ -52,7 +57,7 @@ ready "$ROOTFS" && exit 0
 
 mkdir -p "$(dirname "$ROOTFS")"
 exec 8>"$ROOTFS.lock"
-flock -w 1200 8 || { log "timed out waiting for $ROOTFS.lock"; exit 1; }
+flock -w "$LOCK_WAIT" 8 || { log "timed out waiting for $ROOTFS.lock"; exit 1; }
 ready "$ROOTFS" && exit 0   # built by whoever held the lock
 
 apt_host() {

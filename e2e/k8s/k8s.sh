@@ -65,6 +65,11 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 CACHE=${RSM_K8S_CACHE:-/var/cache/rbd-snapshot-metadata/k8s-bin}
 STATE=${RSM_K8S_STATE:-/var/tmp/rsm-k8s-up}
+# How long to wait for a build that another run holds the lock of: a cold
+# build on a loaded 2-core machine takes over an hour (k8s.io/kubernetes's
+# binaries: 66 min at load 20), and a waiter that gave up first failed the
+# run. CI's own limit bounds a hung one.
+LOCK_WAIT=${RSM_LOCK_WAIT:-7200}
 
 # The pins. The go.mod files hold the same versions; these name what to build.
 ETCD=v3.6.5       # go.etcd.io/etcd/server/v3
@@ -127,7 +132,7 @@ build() {
   [ -f "$out/.complete" ] && { echo "$out"; return; }
   mkdir -p "$CACHE"
   exec 8>"$CACHE/.lock"
-  flock -w 1800 8 || die "timed out waiting for $CACHE/.lock"
+  flock -w "$LOCK_WAIT" 8 || die "timed out waiting for $CACHE/.lock"
   [ -f "$out/.complete" ] && { echo "$out"; return; }
   t0=$(now)
   tmp=$(mktemp -d "$CACHE/.tmp.XXXXXX")   # global: the EXIT trap needs it
@@ -246,7 +251,7 @@ csiop_build() {
   [ -f "$out/.complete" ] && { echo "$out"; return; }
   mkdir -p "$CACHE"
   exec 7>"$CACHE/.lock-csi-operator"
-  flock -w 1800 7 || die "timed out waiting for $CACHE/.lock-csi-operator"
+  flock -w "$LOCK_WAIT" 7 || die "timed out waiting for $CACHE/.lock-csi-operator"
   [ -f "$out/.complete" ] && { echo "$out"; return; }
   t0=$(now)
   tmp=$(mktemp -d "$CACHE/.tmp.XXXXXX")   # global: the EXIT trap needs it
@@ -329,7 +334,7 @@ helm_build() {
   [ -f "$out/.complete" ] && { echo "$out"; return; }
   mkdir -p "$CACHE"
   exec 7>"$CACHE/.helm.lock"
-  flock -w 1800 7 || die "timed out waiting for $CACHE/.helm.lock"
+  flock -w "$LOCK_WAIT" 7 || die "timed out waiting for $CACHE/.helm.lock"
   [ -f "$out/.complete" ] && { echo "$out"; return; }
   t0=$(now)
   htmp=$(mktemp -d "$CACHE/.tmp-helm.XXXXXX")   # global: the EXIT trap needs it
@@ -438,7 +443,7 @@ images_build() {
   [ "$(id -u)" = 0 ] || die "images: buildah needs root"
   command -v buildah >/dev/null || die "images: no buildah (apt-get install buildah)"
   exec 6>"$CACHE/.images.lock"
-  flock -w 1800 6 || die "timed out waiting for $CACHE/.images.lock"
+  flock -w "$LOCK_WAIT" 6 || die "timed out waiting for $CACHE/.images.lock"
   [ -f "$out/.complete" ] && { echo "$out"; return; }
   t0=$(now)
   itmp=$(mktemp -d "$CACHE/.tmp-images.XXXXXX")   # global: the EXIT trap needs it
