@@ -157,6 +157,20 @@ func RemoveImageOnCleanup(t testing.TB, ioctx *rados.IOContext, name string) {
 	t.Helper()
 	t.Cleanup(func() {
 		img, err := rbd.OpenImage(ioctx, name, rbd.NoSnapshot)
+		if err != nil && !errors.Is(err, rbd.ErrNotFound) {
+			// A client that was connected across an OSD's stall (the fault
+			// tests stop one) may time out opening images for minutes
+			// after it, while a fresh client is served (seen at the end of
+			// CI's suite, for the volume the fault tests share): once more
+			// with a fresh connection.
+			t.Logf("cleanup: open %s: %v; again with a fresh connection", name, err)
+			pool, perr := ioctx.GetPoolName()
+			ns, nerr := ioctx.GetNamespace()
+			if perr == nil && nerr == nil {
+				ioctx = OpenIOContext(t, ConnectAdmin(t), pool, ns)
+				img, err = rbd.OpenImage(ioctx, name, rbd.NoSnapshot)
+			}
+		}
 		if errors.Is(err, rbd.ErrNotFound) {
 			return
 		}
