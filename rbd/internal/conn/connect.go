@@ -92,6 +92,12 @@ func classifyConnect(p Params, t Timeouts, err error) error {
 	n := cepherr.Errno(err)
 	switch syscall.Errno(n) {
 	case syscall.EACCES, syscall.EPERM:
+		// Over msgr2, tentacle's librados sends a key of a type it does
+		// not know, and the monitor refuses it: a key that no librados of
+		// ours reads, not a wrong one. An aes256k key it reads.
+		if why := keyTrouble(p.Key); why != "" && !isKeyType(p.Key, keyAES256k) {
+			return fmt.Errorf("%s: %s: %w", what, why, cepherr.As(fs.ErrInvalid, err))
+		}
 		return fmt.Errorf("%s: %w", what, cepherr.Refused(err))
 	case syscall.EINVAL, syscall.EOPNOTSUPP: // reef, tentacle
 		if why := keyTrouble(p.Key); why != "" {
@@ -116,20 +122,41 @@ func classifyConnect(p Params, t Timeouts, err error) error {
 // type 1, while the image's, tentacle 20.2.4's, reads both). "" for an aes
 // key.
 func keyTrouble(key string) string {
-	b, err := base64.StdEncoding.DecodeString(strings.TrimSpace(key))
-	if err != nil || len(b) < 2 {
+	t, ok := keyType(key)
+	switch {
+	case !ok:
 		return "the request's userKey is not a base64 cephx key"
-	}
-	switch t := binary.LittleEndian.Uint16(b); t {
-	case 1:
+	case t == keyAES:
 		return ""
-	case 2:
+	case t == keyAES256k:
 		return "the request's userKey is an aes256k cephx key (the default of new squid 19.2.6+ and tentacle 20.2.4+ clusters), " +
 			"which this server's librados cannot read (reef's cannot): run the server with librados 19.2.6 / 20.2.4 or later " +
 			"(the project's image has tentacle's), or give the user an aes key"
 	default:
 		return fmt.Sprintf("the request's userKey is a cephx key of type %d, which this server's librados cannot read", t)
 	}
+}
+
+// The cephx key types (Ceph's CryptoKey) that librados may read.
+const (
+	keyAES     = 1
+	keyAES256k = 2
+)
+
+// keyType is the type of a base64 cephx key, its first two bytes; false
+// when key is not one.
+func keyType(key string) (uint16, bool) {
+	b, err := base64.StdEncoding.DecodeString(strings.TrimSpace(key))
+	if err != nil || len(b) < 2 {
+		return 0, false
+	}
+	return binary.LittleEndian.Uint16(b), true
+}
+
+// isKeyType reports whether key is a base64 cephx key of type t.
+func isKeyType(key string, t uint16) bool {
+	got, ok := keyType(key)
+	return ok && got == t
 }
 
 // dialTimeout bounds each TCP dial of reachable, and the wait for the banner.

@@ -17,7 +17,11 @@ import (
 )
 
 // secretKey is an aes cephx key, as reef's ceph-authtool makes them.
-const secretKey = "AQA5pQxrGkLPIhAAH5Kb9DVHbQG5jxVwOxfINg=="
+const (
+	secretKey = "AQA5pQxrGkLPIhAAH5Kb9DVHbQG5jxVwOxfINg=="
+	keyType2  = "AgAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=="
+	keyType7  = "BwAa8A5rtvaDEyAA"
+)
 
 // errno is a go-ceph-like error carrying an errno of either sign.
 type errno int
@@ -66,19 +70,29 @@ func TestConnectErrorClassifies(t *testing.T) {
 		want error
 		auth bool // a refused login: Unauthenticated() is true
 		text string
+		key  string // "": secretKey, an aes key
 	}{
-		{"refused", []string{ln.Addr().String()}, errno(-int(syscall.EACCES)), fs.ErrPermission, true, "authentication failed"},
-		{"eperm", []string{ln.Addr().String()}, errno(-int(syscall.EPERM)), fs.ErrPermission, true, "authentication failed"},
+		{"refused", []string{ln.Addr().String()}, errno(-int(syscall.EACCES)), fs.ErrPermission, true, "authentication failed", ""},
+		{"eperm", []string{ln.Addr().String()}, errno(-int(syscall.EPERM)), fs.ErrPermission, true, "authentication failed", ""},
+		// Tentacle's librados reads aes256k keys: refused, a wrong key.
+		{"refused aes256k", []string{ln.Addr().String()}, errno(-int(syscall.EACCES)), fs.ErrPermission, true, "authentication failed", keyType2},
+		// Tentacle's librados over msgr2 sends a key of a type it does not
+		// know, and the monitor refuses it: the key's type is the trouble.
+		{"refused type 7", []string{ln.Addr().String()}, errno(-int(syscall.EACCES)), fs.ErrInvalid, false, "type 7", keyType7},
+		{"refused not base64", []string{ln.Addr().String()}, errno(-int(syscall.EACCES)), fs.ErrInvalid, false, "not a base64 cephx key", "not-base64"},
 		// A monitor that greets but gives no session: no quorum, or hung
 		// past the banner. Retryable, never a refused login.
-		{"no session", []string{closedAddr, ln.Addr().String()}, errno(-int(syscall.ETIMEDOUT)), os.ErrDeadlineExceeded, false, "gave no session"},
-		{"unreachable", []string{closedAddr}, errno(-int(syscall.ETIMEDOUT)), os.ErrDeadlineExceeded, false, "unreachable"},
-		{"hung monitor", []string{hung.Addr().String()}, errno(-int(syscall.ETIMEDOUT)), os.ErrDeadlineExceeded, false, "unreachable"},
-		{"other", []string{closedAddr}, errno(-int(syscall.EIO)), nil, false, "input/output error"},
+		{"no session", []string{closedAddr, ln.Addr().String()}, errno(-int(syscall.ETIMEDOUT)), os.ErrDeadlineExceeded, false, "gave no session", ""},
+		{"unreachable", []string{closedAddr}, errno(-int(syscall.ETIMEDOUT)), os.ErrDeadlineExceeded, false, "unreachable", ""},
+		{"hung monitor", []string{hung.Addr().String()}, errno(-int(syscall.ETIMEDOUT)), os.ErrDeadlineExceeded, false, "unreachable", ""},
+		{"other", []string{closedAddr}, errno(-int(syscall.EIO)), nil, false, "input/output error", ""},
 	} {
 		p := params
 		p.Dial = tc.dial
 		p.Key = secretKey
+		if tc.key != "" {
+			p.Key = tc.key
+		}
 		err := connectError(p, tm, tc.err)
 		for _, sen := range sentinels {
 			if is := errors.Is(err, sen); is != (sen == tc.want) {
@@ -101,7 +115,7 @@ func TestConnectErrorClassifies(t *testing.T) {
 		if strings.Contains(err.Error(), p.User) {
 			t.Errorf("%s: %q names the cephx user %q", tc.name, err, p.User)
 		}
-		if strings.Contains(err.Error(), secretKey) || strings.Contains(err.Error(), "not-base64") {
+		if strings.Contains(err.Error(), p.Key) {
 			t.Errorf("%s: %q contains the key", tc.name, err)
 		}
 	}
@@ -120,7 +134,6 @@ func TestSeconds(t *testing.T) {
 // TestConnectRefusesKeyType: a key librados cannot read answers EOPNOTSUPP
 // on connect (tentacle): INVALID_ARGUMENT, not temporary.
 func TestConnectRefusesKeyType(t *testing.T) {
-	keyType2 := "AgAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=="
 	err := connectError(Params{MonHost: "x", Key: keyType2}, Timeouts{}, errno(-int(syscall.EOPNOTSUPP)))
 	if !errors.Is(err, fs.ErrInvalid) || cepherr.Temporary(err) {
 		t.Errorf("connect refusing the key's type: %v, temporary %v; want INVALID_ARGUMENT, not temporary", err, cepherr.Temporary(err))
