@@ -54,7 +54,10 @@
 # cache already holds kube-apiserver's packages, more when it is cold (~1.5
 # GB of modules; docs/development.md); its output lives in
 # $RSM_K8S_CACHE/<hash of the pins, the files of the four modules and the
-# Go version>, so that a warm run only hashes a few files. Go's module and
+# Go version>, so that a warm run only hashes a few files. That folder is
+# hard links to two parts, each keyed on what it is built from alone
+# (part_key): a change to the sidecar module (our backup-client) rebuilds
+# the sidecar's three binaries, not the k8s.io/kubernetes ones. Go's module and
 # build caches are the default ones. All binaries are static (CGO_ENABLED=0;
 # kubelet too, which upstream's release links with cgo), for the node's
 # Debian 13 chroot and the FROM scratch images.
@@ -126,8 +129,106 @@ src() {
     die "$LISTER_FROM's lister changed: check it against ESM $ESM's tools/snapshot-metadata-lister"
 }
 
+# part_key PART: the hash of what a part of the build is made from: kube
+# (the six k8s.io/kubernetes binaries, CoreDNS and etcd: the hour of a cold
+# build) or sidecar (csi-snapshot-metadata, its lister, our backup-client
+# and the CRDs: minutes). A change to the backup-client, a test tool,
+# rebuilds only the sidecar part.
+part_key() {
+  local dirs
+  case $1 in
+  kube) dirs=(etcd kubernetes coredns) ;;
+  sidecar) dirs=(sidecar) ;;
+  esac
+  {
+    go env GOVERSION GOOS GOARCH
+    echo "$BUILD_REV $1"
+    case $1 in
+    kube) echo "$ETCD $K8S $COREDNS ${K8S_CMDS[*]}" ;;
+    sidecar) echo "$ESM $LISTER_FROM $LISTER_SHA256 $SNAP_CLIENT $ESM_CLIENT" ;;
+    esac
+    (cd "$HERE" && find "${dirs[@]}" -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum)
+  } | sha256sum | cut -c1-16
+}
+
+# b NAME MODULE-DIR LDFLAGS PACKAGE...: go build in $tmp/src/MODULE-DIR,
+# -o $bout/NAME, or into $bout/ for several packages.
+b() {
+  local name=$1 dir=$2 ldflags=$3 o=$bout/$1 t
+  shift 3
+  [ $# -gt 1 ] && o=$bout/
+  t=$(now)
+  (cd "$tmp/src/$dir" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w $ldflags" -o "$o" "$@") ||
+    die "building $name failed (needs the Go module proxy when the module cache is cold)"
+  log "built $name in $(since "$t")"
+}
+
+# build_kube: the kube part into $bout, with its lines of VERSIONS in
+# $bout/.versions.
+build_kube() {
+  local cpid c v=() p minor=${K8S#v1.} pkgs=()
+  log "building etcd $ETCD, ${K8S_CMDS[*]} $K8S and coredns $COREDNS (10-20 min when Go's caches are cold)"
+  # CoreDNS (a module of its own, so a go build of its own) compiles
+  # while k8s.io/kubernetes does: it fills the cores that the big build's
+  # serial stretches (its last packages, its links) leave idle.
+  # (Its coremain.GitCommit, a commit hash in upstream's builds, stays empty.)
+  b coredns coredns "" . &
+  cpid=$!
+  # As upstream's hack/lib/version.sh: the same variables in both packages.
+  minor=${minor%%.*}
+  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    v+=("-X $p.gitVersion=$K8S -X $p.gitMajor=1 -X $p.gitMinor=$minor")
+  done
+  for c in "${K8S_CMDS[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$c"); done
+  (b "${K8S_CMDS[*]}" kubernetes "${v[*]}" "${pkgs[@]}") ||
+    { wait "$cpid" || true; exit 1; }
+  wait "$cpid" || exit 1
+  b etcd etcd "" .
+  # says CMD... LINE: CMD prints LINE among its lines. (Not CMD | grep -q:
+  # grep quits at the first match, and kubectl, which prints a second line
+  # after it, failed the pipe with SIGPIPE.)
+  says() {
+    local line=${*: -1} out
+    out=$("${@:1:$#-1}") || die "$* failed"
+    grep -qxF "$line" <<<"$out" || die "${*:1:$#-1} says $out, want $line"
+  }
+  for c in kube-apiserver kubelet kube-proxy kube-scheduler kube-controller-manager; do
+    says "$bout/$c" --version "Kubernetes $K8S"
+  done
+  says "$bout/kubectl" version --client "Client Version: $K8S"
+  says "$bout/coredns" -version "CoreDNS-${COREDNS#v}"
+  {
+    echo "etcd $ETCD"
+    for c in "${K8S_CMDS[@]}"; do echo "$c $K8S (k8s.io/kubernetes/cmd/$c)"; done
+    echo "coredns $COREDNS (errors health ready kubernetes prometheus forward cache loop reload loadbalance log)"
+  } >"$bout/.versions"
+}
+
+# build_sidecar: the sidecar part into $bout, as build_kube.
+build_sidecar() {
+  local sd ed
+  log "building csi-snapshot-metadata $ESM, its lister and backup-client"
+  b csi-snapshot-metadata sidecar "-X main.version=$ESM" github.com/kubernetes-csi/external-snapshot-metadata/cmd/csi-snapshot-metadata
+  b snapshot-metadata-lister sidecar "" ./lister
+  b backup-client sidecar "" ./backupclient
+  mkdir "$bout/crds"
+  sd=$(cd "$tmp/src/sidecar" && moddir "$SNAP_CLIENT")/config/crd
+  ed=$(cd "$tmp/src/sidecar" && moddir "$ESM_CLIENT")/config/crd
+  install -m 644 "$sd"/snapshot.storage.k8s.io_volumesnapshot{classes,contents,s}.yaml \
+    "$ed"/cbt.storage.k8s.io_snapshotmetadataservices.yaml "$bout/crds/"
+  {
+    echo "csi-snapshot-metadata $ESM"
+    echo "snapshot-metadata-lister $ESM ($LISTER_FROM)"
+    echo "backup-client (sidecar/backupclient, on $ESM's pkg/iterator)"
+    echo "crds $SNAP_CLIENT $ESM_CLIENT"
+  } >"$bout/.versions"
+}
+
+# build: every binary in one folder, $CACHE/<key>, made of hard links to
+# the two parts' folders ($CACHE/part-<part>-<part_key>), each built only
+# when its own key has no folder yet.
 build() {
-  local k out t0 t cpid c
+  local k out t0 part d
   k=$(key); out=$CACHE/$k
   [ -f "$out/.complete" ] && { echo "$out"; return; }
   mkdir -p "$CACHE"
@@ -139,58 +240,22 @@ build() {
   trap 'rm -rf "$tmp"' EXIT
   mkdir "$tmp/src" "$tmp/bin"
   src "$tmp/src"
-  b() { # NAME MODULE-DIR LDFLAGS PACKAGE...: -o the file NAME, or the folder for several
-    local name=$1 dir=$2 ldflags=$3 o=$tmp/bin/$1 t
-    shift 3
-    [ $# -gt 1 ] && o=$tmp/bin/
-    t=$(now)
-    (cd "$tmp/src/$dir" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w $ldflags" -o "$o" "$@") ||
-      die "building $name failed (needs the Go module proxy when the module cache is cold)"
-    log "built $name in $(since "$t")"
-  }
-  log "building etcd $ETCD, ${K8S_CMDS[*]} $K8S, coredns $COREDNS, csi-snapshot-metadata $ESM, its lister and backup-client into $out (10-20 min when Go's caches are cold)"
-  # CoreDNS (a module of its own, so a go build of its own) compiles
-  # while k8s.io/kubernetes does: it fills the cores that the big build's
-  # serial stretches (its last packages, its links) leave idle.
-  # (Its coremain.GitCommit, a commit hash in upstream's builds, stays empty.)
-  b coredns coredns "" . &
-  cpid=$!
-  # As upstream's hack/lib/version.sh: the same variables in both packages.
-  local v=() p minor=${K8S#v1.} pkgs=()
-  minor=${minor%%.*}
-  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    v+=("-X $p.gitVersion=$K8S -X $p.gitMajor=1 -X $p.gitMinor=$minor")
+  for part in kube sidecar; do
+    d=$CACHE/part-$part-$(part_key "$part")
+    if [ ! -f "$d/.complete" ]; then
+      bout=$tmp/$part
+      mkdir "$bout"
+      "build_$part"
+      touch "$bout/.complete"
+      rm -rf "$d"
+      mv "$bout" "$d"
+    else
+      log "$part: reused $d"
+    fi
+    cp -al "$d"/* "$tmp/bin/"
+    cat "$d/.versions" >>"$tmp/bin/VERSIONS"
   done
-  for c in "${K8S_CMDS[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$c"); done
-  (b "${K8S_CMDS[*]}" kubernetes "${v[*]}" "${pkgs[@]}") ||
-    { wait "$cpid" || true; exit 1; }
-  wait "$cpid" || exit 1
-  b etcd etcd "" .
-  b csi-snapshot-metadata sidecar "-X main.version=$ESM" github.com/kubernetes-csi/external-snapshot-metadata/cmd/csi-snapshot-metadata
-  b snapshot-metadata-lister sidecar "" ./lister
-  b backup-client sidecar "" ./backupclient
-  for c in kube-apiserver kubelet kube-proxy kube-scheduler kube-controller-manager; do
-    "$tmp/bin/$c" --version | grep -qx "Kubernetes $K8S" || die "$c --version says $("$tmp/bin/$c" --version), want Kubernetes $K8S"
-  done
-  "$tmp/bin/kubectl" version --client | grep -qx "Client Version: $K8S" ||
-    die "kubectl version --client says $("$tmp/bin/kubectl" version --client), want $K8S"
-  "$tmp/bin/coredns" -version | grep -qx "CoreDNS-${COREDNS#v}" || die "coredns -version says $("$tmp/bin/coredns" -version), want $COREDNS"
-  mkdir "$tmp/bin/crds"
-  local sd ed
-  sd=$(cd "$tmp/src/sidecar" && moddir "$SNAP_CLIENT")/config/crd
-  ed=$(cd "$tmp/src/sidecar" && moddir "$ESM_CLIENT")/config/crd
-  install -m 644 "$sd"/snapshot.storage.k8s.io_volumesnapshot{classes,contents,s}.yaml \
-    "$ed"/cbt.storage.k8s.io_snapshotmetadataservices.yaml "$tmp/bin/crds/"
-  {
-    echo "etcd $ETCD"
-    for c in "${K8S_CMDS[@]}"; do echo "$c $K8S (k8s.io/kubernetes/cmd/$c)"; done
-    echo "coredns $COREDNS (errors health ready kubernetes prometheus forward cache loop reload loadbalance log)"
-    echo "csi-snapshot-metadata $ESM"
-    echo "snapshot-metadata-lister $ESM ($LISTER_FROM)"
-    echo "backup-client (sidecar/backupclient, on $ESM's pkg/iterator)"
-    echo "crds $SNAP_CLIENT $ESM_CLIENT"
-    go env GOVERSION
-  } >"$tmp/bin/VERSIONS"
+  go env GOVERSION >>"$tmp/bin/VERSIONS"
   touch "$tmp/bin/.complete"
   rm -rf "$out"
   mv "$tmp/bin" "$out"
@@ -215,6 +280,7 @@ clean() {
   for d in "$CACHE"/*/; do
     [ -d "$d" ] && [ "$(basename "$d")" != "$k" ] && [ "$(basename "$d")" != "csi-operator-$(csiop_key)" ] &&
       [ "$(basename "$d")" != "helm-$(helm_key)" ] && [ "$(basename "$d")" != "images-$(images_key)" ] &&
+      [ "$(basename "$d")" != "part-kube-$(part_key kube)" ] && [ "$(basename "$d")" != "part-sidecar-$(part_key sidecar)" ] &&
       { rm -rf "$d"; log "removed $d"; }
   done
   return 0
