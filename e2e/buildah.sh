@@ -156,7 +156,7 @@ build() {
 	buildah bud --isolation chroot --pull=never --layers --build-arg VERSION="$version" "${cas[@]}" \
 		-t "$tag" -f "$TOP/Dockerfile" "$TOP" >"$CACHE/bud.log" 2>&1 ||
 		{ tail -n 40 "$CACHE/bud.log" >&2; die "buildah bud (log: $CACHE/bud.log)"; }
-	log "buildah bud of the Dockerfile as $tag: $(since "$t")"
+	log "buildah bud of the Dockerfile as $tag: $(since "$t"), $(grep -c '^--> Using cache' "$CACHE/bud.log" || true) of $(grep -c '^\[[0-9]*/[0-9]*\] STEP' "$CACHE/bud.log" || true) steps from buildah's layer cache"
 }
 
 case "${1:-}" in

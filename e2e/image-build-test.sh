@@ -15,13 +15,19 @@
 #    a snapshot (equal to rbd diff's) and the changed blocks between two
 #    (what was written) over the 0660 socket (the image's snapmeta); the
 #    pod's liveness probe command (snapmeta health) passes;
-# 3. the e2e tests that run the server binary, the real-sidecar test
-#    included, run the image's entrypoint (RSM_SERVER_BIN is a wrapper that
-#    runs it in the image's rootfs, as root there, since the tests' folders
-#    are root's), through e2e/run-e2e.sh, on a tentacle cluster (whose
-#    client.csi key, the tests' secret, is aes256k).
+# 3. e2e tests of the server binary, the real-sidecar test included, run
+#    the image's entrypoint (RSM_SERVER_BIN is a wrapper that runs it in the
+#    image's rootfs, as root there, since the tests' folders are root's),
+#    through e2e/run-e2e.sh, on a tentacle cluster (whose client.csi key,
+#    the tests' secret, is aes256k): its identity and flags, Ceph-CSI's
+#    handles, a snapshot deleted mid-stream and the sidecar.
+#    TestServerMatchesRbdDiff (3.7 min here) runs the host's build in the
+#    tentacle leg of ./dev.sh matrix instead: the image's own answers are
+#    checked against rbd diff in 2 and against the byte oracle in its pods
+#    (e2e/run-pods.sh).
 #
-#   e2e/image-build-test.sh [go test args]   default: -run 'TestServer|TestCSI|TestK8sSidecar$'
+#   e2e/image-build-test.sh [go test args]
+#       default: -run 'TestServerIdentity|TestServerRejectsBadFlags|TestCSI|TestK8sSidecar$'
 #
 # The Dockerfile's build stage runs build/build.sh, which checks the librbd
 # headers, that librados reads aes256k keys, and that the binary needs no
@@ -32,7 +38,7 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 TOP=$(dirname "$HERE")
 cd "$TOP"
-[ $# -gt 0 ] || set -- -run 'TestServer|TestCSI|TestK8sSidecar$'
+[ $# -gt 0 ] || set -- -run 'TestServerIdentity|TestServerRejectsBadFlags|TestCSI|TestK8sSidecar$'
 
 now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1fs", b - a }'; }
