@@ -7,10 +7,8 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/binary"
-	"encoding/json"
 	"net"
 	"os"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -174,7 +172,7 @@ func TestWrongKey(t *testing.T) {
 	}
 	closed := l.Addr().String()
 	l.Close()
-	config := configWithV2(t, map[string]any{"clusterID": "rsm-e2e-down", "monitors": []string{closed}})
+	config := relConfig(t, map[string][]string{"rsm-e2e-v2": {v2Monitor(t)}, "rsm-e2e-down": {closed}})
 	const connectTimeout = 5 * time.Second
 	srv := harness.StartServer(t, "--ceph-connect-timeout="+connectTimeout.String(), "--clusterconfig", config)
 
@@ -261,30 +259,15 @@ func loginUnanswered(t testing.TB, overV1 bool, err error) bool {
 	return true
 }
 
-// configWithV2 writes a copy of the cluster's Ceph-CSI config.json with one
-// more cluster ID, rsm-e2e-v2, for the same monitor by its msgr v2 address
-// only, and the clusters given, and returns its path.
-func configWithV2(t *testing.T, more ...map[string]any) string {
+// v2Monitor is the test cluster's monitor by its msgr v2 address only,
+// "v2:IP:PORT".
+func v2Monitor(t *testing.T) string {
 	t.Helper()
 	v2 := regexp.MustCompile(`v2:([0-9.]+:[0-9]+)`).FindStringSubmatch(harness.ClusterEnv(t, "CEPH_MON_HOST"))
 	if v2 == nil {
 		t.Fatalf("no v2 address in CEPH_MON_HOST=%s", harness.ClusterEnv(t, "CEPH_MON_HOST"))
 	}
-	raw, err := os.ReadFile(filepath.Join(harness.ClusterEnv(t, "RSM_CLUSTER_DIR"), "csi-config.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var clusters []map[string]any
-	if err := json.Unmarshal(raw, &clusters); err != nil {
-		t.Fatal(err)
-	}
-	clusters = append(clusters, map[string]any{"clusterID": "rsm-e2e-v2", "monitors": []string{"v2:" + v2[1]}})
-	raw, _ = json.Marshal(append(clusters, more...))
-	config := filepath.Join(t.TempDir(), "config.json")
-	if err := os.WriteFile(config, raw, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return config
+	return "v2:" + v2[1]
 }
 
 // TestKeyOfAnotherType: an aes256k cephx key (tentacle's default), which
@@ -298,7 +281,7 @@ func TestKeyOfAnotherType(t *testing.T) {
 	v, img := harness.CreateVolume(t, conn, "", "keytype", 8*harness.MiB, harness.ImageFeatures)
 	harness.FillAt(t, img, 0, 4*harness.KiB)
 	harness.Snapshot(t, img, "s1")
-	srv := harness.StartServer(t, "--clusterconfig", configWithV2(t))
+	srv := harness.StartServer(t, "--clusterconfig", relConfig(t, map[string][]string{"rsm-e2e-v2": {v2Monitor(t)}}))
 	key := func(typ uint16) string {
 		raw := make([]byte, 2+8+2+32) // type, created, length, secret
 		binary.LittleEndian.PutUint16(raw, typ)
