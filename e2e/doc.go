@@ -183,6 +183,8 @@
 //     place beside its old socket)
 //   - pods_memory_test.go: (the memory subtests of the pods test: stalled readers
 //     beside a precise stream; the containers' memory cgroups)
+//   - pods_cert_test.go: (the pods test's certificate renewed by helm
+//     upgrade, seen by the running sidecars)
 //   - pods_cephcsi_test.go: TestPodsCephCSI
 //
 // The benchmark, skipped unless RSM_BENCH=1 (e2e/run-bench.sh, ./dev.sh

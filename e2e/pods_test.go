@@ -486,6 +486,9 @@ func TestPods(t *testing.T) {
 	// ---- A server killed in its pod, restarted in place by the kubelet
 	// beside the old socket (pods_restart_test.go).
 	t.Run("restart-in-place", func(t *testing.T) { restartInPlace(t, k, sel, da1, da2) })
+	// ---- The certificate renewed by helm upgrade, seen by the running
+	// sidecars (pods_cert_test.go).
+	t.Run("cert-renewal", func(t *testing.T) { certRenewal(t, k, chart, sel, da1, da2) })
 
 	// ---- The standalone kustomize example, as deploy/README.md's Rook
 	// route applies it: a checkout of deploy/ whose example a user has
