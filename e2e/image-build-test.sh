@@ -33,6 +33,9 @@
 # headers, that librados reads aes256k keys, and that the binary needs no
 # shared library outside librbd1, librados2, libc6 and their dependencies
 # (what the runtime stage installs).
+# RSM_IMAGE_BUILT: an image that the caller built from this tree with
+# e2e/buildah.sh build and this tree's version stamp (./dev.sh test does,
+# beside its unit tests), used instead of building again.
 # Needs root (buildah, both rootfs, clusters).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -67,8 +70,15 @@ chmod 755 "$OUT"
 VERSION=$(git describe --tags --always --dirty 2>/dev/null || echo dev)
 
 t=$(now)
-"$HERE/buildah.sh" build "$TAG" "$VERSION"
-log "the Dockerfile built with buildah: $(since "$t")"
+if [ -n "${RSM_IMAGE_BUILT:-}" ]; then
+	# ./dev.sh test built this tree's image beside its unit tests, with
+	# the same buildah.sh build and version stamp, for this test and the pods.
+	buildah tag "$RSM_IMAGE_BUILT" "$TAG"
+	log "the Dockerfile built with buildah by ./dev.sh test's image-build phase: $RSM_IMAGE_BUILT"
+else
+	"$HERE/buildah.sh" build "$TAG" "$VERSION"
+	log "the Dockerfile built with buildah: $(since "$t")"
+fi
 CTR=$(buildah from --pull=never "$TAG")
 IMG=$(buildah mount "$CTR")
 
