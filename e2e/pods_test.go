@@ -522,13 +522,7 @@ func TestPods(t *testing.T) {
 		k.Kubectl(t, "create", "clusterrolebinding", "backup-app-rook-snapshot-metadata",
 			"--clusterrole=rbd-snapshot-metadata:"+ns+":client", "--serviceaccount="+kube.NS+":"+kube.BackupSA)
 
-		logs, ok := runPod(t, k, "rook-delta", kube.BackupSA, "rsm-e2e.local/backup-client:v1.1.0",
-			"-snapshot", "rook-a2", "-prev-snapshot", "rook-a1", "-namespace", kube.NS)
-		if !ok {
-			t.Fatalf("backup client failed:\n%s", harness.Tail(logs, 20))
-		}
-		got, _ := clientAnswer(t, logs)
-		csiCheckOracle(t, "kustomize route: backup client pod delta", got, da1, da2, 0)
+		clientDeltaMatches(t, k, "rook-delta", "rook-", "kustomize route: backup client pod delta", da1, da2)
 
 		// The kustomize routes' rolling restart, during a long Delta.
 		rook := chartRoute
@@ -537,6 +531,20 @@ func TestPods(t *testing.T) {
 			k.Kubectl(t, "-n", ns, "rollout", "restart", "deploy/rbd-snapshot-metadata")
 		})
 	})
+}
+
+// clientDeltaMatches runs a backup client pod for the Delta between the
+// VolumeSnapshots PRE+"a1" and PRE+"a2" of kube.NS and checks its answer
+// against the byte oracle.
+func clientDeltaMatches(t *testing.T, k *kube.Env, name, pre, what string, da1, da2 []byte) {
+	t.Helper()
+	logs, ok := runPod(t, k, name, kube.BackupSA, "rsm-e2e.local/backup-client:v1.1.0",
+		"-snapshot", pre+"a2", "-prev-snapshot", pre+"a1", "-namespace", kube.NS)
+	if !ok {
+		t.Fatalf("%s: backup client failed:\n%s", what, harness.Tail(logs, 20))
+	}
+	got, _ := clientAnswer(t, logs)
+	csiCheckOracle(t, what, got, da1, da2, 0)
 }
 
 // userCheckout copies deploy/ to a checkout of the test's, as a user's of
