@@ -92,13 +92,13 @@ func classifyConnect(p Params, t Timeouts, err error) error {
 	n := cepherr.Errno(err)
 	switch syscall.Errno(n) {
 	case syscall.EACCES, syscall.EPERM:
+		if knownKeyType(p.Key) {
+			return fmt.Errorf("%s: %w", what, cepherr.Refused(err))
+		}
 		// Over msgr2, tentacle's librados sends a key of a type it does
 		// not know, and the monitor refuses it: a key that no librados of
-		// ours reads, not a wrong one. An aes256k key it reads.
-		if why := keyTrouble(p.Key); why != "" && !isKeyType(p.Key, keyAES256k) {
-			return fmt.Errorf("%s: %s: %w", what, why, cepherr.As(fs.ErrInvalid, err))
-		}
-		return fmt.Errorf("%s: %w", what, cepherr.Refused(err))
+		// ours reads, not a wrong one.
+		fallthrough
 	case syscall.EINVAL, syscall.EOPNOTSUPP: // reef, tentacle
 		if why := keyTrouble(p.Key); why != "" {
 			return fmt.Errorf("%s: %s: %w", what, why, cepherr.As(fs.ErrInvalid, err))
@@ -153,10 +153,11 @@ func keyType(key string) (uint16, bool) {
 	return binary.LittleEndian.Uint16(b), true
 }
 
-// isKeyType reports whether key is a base64 cephx key of type t.
-func isKeyType(key string, t uint16) bool {
-	got, ok := keyType(key)
-	return ok && got == t
+// knownKeyType reports whether key is a base64 cephx key of a type that
+// some librados reads: aes or aes256k.
+func knownKeyType(key string) bool {
+	t, ok := keyType(key)
+	return ok && (t == keyAES || t == keyAES256k)
 }
 
 // dialTimeout bounds each TCP dial of reachable, and the wait for the banner.
