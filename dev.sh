@@ -246,14 +246,15 @@ prefetch() {
 # tests (image-build), for the pods and the image's test
 # (RSM_IMAGE_BUILT).
 test_all() {
-	local rc=0 oracle image ib iblog
+	local rc=0 oracle v image ib iblog
 	deps
 	prefetch
 	# The image, built once for the image's test and the pods, beside the
 	# unit tests (which leave a core idle part of the time).
-	image=localhost/rbd-snapshot-metadata:$(version)
+	v=$(version)
+	image=localhost/rbd-snapshot-metadata:$v
 	iblog=$(mktemp -t rsm-image-build.XXXXXX.log)
-	phase image-build e2e/buildah.sh build "$image" "$(version)" >"$iblog" 2>&1 </dev/null &
+	phase image-build e2e/buildah.sh build "$image" "$v" >"$iblog" 2>&1 </dev/null &
 	ib=$!
 	phase unit unit
 	phase build build

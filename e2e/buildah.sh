@@ -29,7 +29,9 @@
 # cache mounts in /var/lib/containers (a warm rebuild reuses the layers and
 # the Go module cache mount).
 #
-# Environment: RSM_IMAGE_CACHE (default /var/cache/rbd-snapshot-metadata/image),
+# Environment: RSM_IMAGE_BUILT (an image of this tree that build tags
+# instead of building, when its tag is build's VERSION), RSM_IMAGE_CACHE
+# (default /var/cache/rbd-snapshot-metadata/image),
 # RSM_MIRROR (default: the host's apt sources, as rootfs.sh). Needs root.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -146,6 +148,14 @@ seed() {
 
 build() {
 	local tag=${1:?usage: buildah.sh build TAG [VERSION]} version=${2:-dev} t
+	# ./dev.sh test builds this tree's image once, beside its unit tests, as
+	# localhost/rbd-snapshot-metadata:VERSION, and hands it to the pods and
+	# the image's test: a build of the same version is that image.
+	if [ -n "${RSM_IMAGE_BUILT:-}" ] && [ "${RSM_IMAGE_BUILT##*:}" = "$version" ]; then
+		buildah tag "$RSM_IMAGE_BUILT" "$tag"
+		log "$tag: the image ./dev.sh test built from this tree, $RSM_IMAGE_BUILT"
+		return
+	fi
 	seed
 	t=$(now)
 	# --pull=never: the base images are the seeded ones, never a registry's.

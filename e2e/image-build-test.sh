@@ -33,9 +33,7 @@
 # headers, that librados reads aes256k keys, and that the binary needs no
 # shared library outside librbd1, librados2, libc6 and their dependencies
 # (what the runtime stage installs).
-# RSM_IMAGE_BUILT: an image that the caller built from this tree with
-# e2e/buildah.sh build and this tree's version stamp (./dev.sh test does,
-# beside its unit tests), used instead of building again.
+# RSM_IMAGE_BUILT (./dev.sh test's image of this tree): see e2e/buildah.sh.
 # Needs root (buildah, both rootfs, clusters).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -70,15 +68,8 @@ chmod 755 "$OUT"
 VERSION=$(git describe --tags --always --dirty 2>/dev/null || echo dev)
 
 t=$(now)
-if [ -n "${RSM_IMAGE_BUILT:-}" ]; then
-	# ./dev.sh test built this tree's image beside its unit tests, with
-	# the same buildah.sh build and version stamp, for this test and the pods.
-	buildah tag "$RSM_IMAGE_BUILT" "$TAG"
-	log "the Dockerfile built with buildah by ./dev.sh test's image-build phase: $RSM_IMAGE_BUILT"
-else
-	"$HERE/buildah.sh" build "$TAG" "$VERSION"
-	log "the Dockerfile built with buildah: $(since "$t")"
-fi
+"$HERE/buildah.sh" build "$TAG" "$VERSION"
+log "the Dockerfile built with buildah: $(since "$t")"
 CTR=$(buildah from --pull=never "$TAG")
 IMG=$(buildah mount "$CTR")
 

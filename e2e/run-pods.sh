@@ -15,9 +15,9 @@
 # the Kubernetes binaries and the node's images (e2e/k8s/k8s.sh build,
 # images), helm, our image from the Dockerfile (e2e/buildah.sh, with the
 # version stamp of `git describe`; the unchanged tree reuses buildah's
-# layers; RSM_IMAGE_BUILT, an image built so from this tree by ./dev.sh
-# test, instead) and the test binary. Its rows in ./dev.sh's phase table
-# are PHASE/k8s, /helm, /images, /image and /test.
+# layers, or ./dev.sh test's image, RSM_IMAGE_BUILT) and the test binary.
+# Its rows in ./dev.sh's phase table are PHASE/k8s, /helm, /images, /image
+# and /test.
 # Needs root (network namespace, rootfs, buildah, containerd).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -73,13 +73,7 @@ mkdir -p "$OUT/images"
 VERSION=${RSM_POD_TAG:-$(git describe --tags --always --dirty 2>/dev/null || echo dev)}
 IMAGE=registry.example.com/rbd-snapshot-metadata
 build_image() {
-  if [ -n "${RSM_IMAGE_BUILT:-}" ] && [ -z "${RSM_POD_TAG:-}" ]; then
-    # Built from this tree with its version stamp by ./dev.sh test.
-    buildah tag "$RSM_IMAGE_BUILT" "localhost/rbd-snapshot-metadata:$VERSION"
-    echo "run-pods: our image as ./dev.sh test's image-build phase built it: $RSM_IMAGE_BUILT" >&2
-  else
-    "$HERE/buildah.sh" build "localhost/rbd-snapshot-metadata:$VERSION" "$VERSION"
-  fi
+  "$HERE/buildah.sh" build "localhost/rbd-snapshot-metadata:$VERSION" "$VERSION"
   buildah push -q "localhost/rbd-snapshot-metadata:$VERSION" \
     "oci-archive:$OUT/images/rbd-snapshot-metadata.tar:$IMAGE:$VERSION" >/dev/null
   buildah push -q "localhost/rbd-snapshot-metadata:$VERSION" \
