@@ -13,6 +13,7 @@ import (
 	"crypto/x509"
 	"encoding/base64"
 	"fmt"
+	"maps"
 	"net"
 	"testing"
 	"time"
@@ -63,14 +64,6 @@ func (c chartTLS) served(ip string) (*x509.Certificate, error) {
 	}
 	defer conn.Close()
 	return conn.ConnectionState().PeerCertificates[0], nil
-}
-
-func restarts(p podInfo) map[string]int {
-	r := map[string]int{}
-	for _, c := range p.Status.ContainerStatuses {
-		r[c.Name] = c.RestartCount
-	}
-	return r
 }
 
 func certRenewal(t *testing.T, k *kube.Env, chart, sel string, da1, da2 []byte) {
@@ -130,7 +123,7 @@ func certRenewal(t *testing.T, k *kube.Env, chart, sel string, da1, da2 []byte) 
 			t.Errorf("pod %s is gone after the renewal: %v", p.Metadata.Name, podNames(pods(t, k, podNS, sel)))
 			continue
 		}
-		if b, r := restarts(p), restarts(a); fmt.Sprint(b) != fmt.Sprint(r) {
+		if b, r := p.restarts(), a.restarts(); !maps.Equal(b, r) {
 			t.Errorf("pod %s: restarts %v before the renewal, %v after", p.Metadata.Name, b, r)
 		}
 	}

@@ -67,20 +67,18 @@ func restartInPlace(t *testing.T, k *kube.Env, sel string, da1, da2 []byte) {
 	// v1.1.0 connects with csi-lib-utils' ExitOnConnectionLoss), so the
 	// kubelet restarts it too: wait for the whole pod to be Ready again,
 	// the server restarted once.
-	restarts := map[string]int{}
+	var restarts map[string]int
 	harness.WaitFor(t, "the server restarted in place and the pod Ready", 3*time.Minute, func() bool {
-		for _, q := range pods(t, k, podNS, sel) {
-			if q.Metadata.UID != p.Metadata.UID {
-				continue
-			}
-			ready := true
-			for _, c := range q.Status.ContainerStatuses {
-				restarts[c.Name] = c.RestartCount
-				ready = ready && c.Ready
-			}
-			return ready && restarts["rbd-snapshot-metadata"] == 1
+		q, ok := podByUID(t, k, podNS, sel, p.Metadata.UID)
+		if !ok {
+			return false
 		}
-		return false
+		restarts = q.restarts()
+		ready := true
+		for _, c := range q.Status.ContainerStatuses {
+			ready = ready && c.Ready
+		}
+		return ready && restarts["rbd-snapshot-metadata"] == 1
 	})
 	t.Logf("%s: the server killed, restarted in the same pod and the pod Ready after %.1fs (restarts: %v)",
 		p.Metadata.Name, time.Since(t0).Seconds(), restarts)
@@ -112,12 +110,8 @@ func restartInPlace(t *testing.T, k *kube.Env, sel string, da1, da2 []byte) {
 		t.Logf("the Delta after the restart, try %d, failed with a retryable error: %s", try, last)
 		time.Sleep(5 * time.Second)
 	}
-	for _, q := range pods(t, k, podNS, sel) {
-		for _, c := range q.Status.ContainerStatuses {
-			if q.Metadata.UID == p.Metadata.UID {
-				restarts[c.Name] = c.RestartCount
-			}
-		}
+	if q, ok := podByUID(t, k, podNS, sel, p.Metadata.UID); ok {
+		restarts = q.restarts()
 	}
 	t.Logf("restarts once answered: %v", restarts)
 	got, _ := clientAnswer(t, logs)
@@ -126,10 +120,10 @@ func restartInPlace(t *testing.T, k *kube.Env, sel string, da1, da2 []byte) {
 	if !strings.Contains(now, "GetMetadataDelta") {
 		t.Errorf("the restarted server did not log the Delta:\n%s", harness.Tail(now, 10))
 	}
-	for _, q := range pods(t, k, podNS, sel) {
-		for _, c := range q.Status.ContainerStatuses {
-			if q.Metadata.UID == p.Metadata.UID && c.RestartCount != restarts[c.Name] {
-				t.Errorf("%s: container %s restarted %d times, %d when the pod was Ready again", q.Metadata.Name, c.Name, c.RestartCount, restarts[c.Name])
+	if q, ok := podByUID(t, k, podNS, sel, p.Metadata.UID); ok {
+		for name, n := range q.restarts() {
+			if n != restarts[name] {
+				t.Errorf("%s: container %s restarted %d times, %d when the pod was Ready again", q.Metadata.Name, name, n, restarts[name])
 			}
 		}
 	}

@@ -155,6 +155,26 @@ func pods(t *testing.T, k *kube.Env, ns, selector string) []podInfo {
 	return l.Items
 }
 
+// restarts are the restart counts of p's containers, by name.
+func (p podInfo) restarts() map[string]int {
+	r := map[string]int{}
+	for _, c := range p.Status.ContainerStatuses {
+		r[c.Name] = c.RestartCount
+	}
+	return r
+}
+
+// podByUID is the pod of selector whose UID is uid, if it is there.
+func podByUID(t *testing.T, k *kube.Env, ns, selector, uid string) (podInfo, bool) {
+	t.Helper()
+	for _, p := range pods(t, k, ns, selector) {
+		if p.Metadata.UID == uid {
+			return p, true
+		}
+	}
+	return podInfo{}, false
+}
+
 // readyAfter is how long a pod took from its creation to Ready.
 func (p podInfo) readyAfter() time.Duration {
 	for _, c := range p.Status.Conditions {
