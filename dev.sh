@@ -34,7 +34,7 @@
 # against pacific headers finds reef's rbd_diff_iterate3 at run time.
 #
 # test, matrix, soak and bench time their steps and end with a table of them
-# (name, seconds, result) and the total, also when a step fails. The rows go
+# (name, seconds, CPU-seconds, result) and the total, also when a step fails. The rows go
 # to the file RSM_PHASES names: set by a caller that runs several of them
 # and prints the table itself (.ci/run, with ./dev.sh phases), else a temp
 # file of the call's own.
@@ -89,25 +89,51 @@ e2e() {
 }
 
 # phase NAME CMD...: runs CMD (a function too, with errexit, in a
-# subshell) as one row of the phase table: "NAME SECONDS RC" appended to
-# $RSM_PHASES when set. CMD sees RSM_PHASE=NAME, so that e2e/run-e2e.sh
-# names the rows of the Kubernetes builds it times NAME/k8s and so on.
-# Returns CMD's exit code. Call it as a statement of its own, not in an
-# if or a || list, where bash ignores errexit inside CMD's functions.
+# subshell) as one row of the phase table: "NAME SECONDS RC CPU" appended
+# to $RSM_PHASES when set, CPU being the CPU-seconds that CMD and every
+# process it started used (a cpuacct cgroup of the phase's own, under the
+# caller's, so that an outer phase counts its inner ones; a pod's
+# containers are in the kubelet's cgroups and are not counted; "-" where
+# cgroup v1's cpuacct is not writable). CMD sees RSM_PHASE=NAME, so that
+# e2e/run-e2e.sh names the rows of the Kubernetes builds it times NAME/k8s
+# and so on. Returns CMD's exit code. Call it as a statement of its own,
+# not in an if or a || list, where bash ignores errexit inside CMD's
+# functions.
 phase() {
-	local name=$1 start=$SECONDS rc errexit=$-
+	local name=$1 start=$SECONDS rc errexit=$- cg cpu=-
 	shift
+	[ -z "${RSM_PHASES:-}" ] || [ -s "$RSM_PHASES" ] || echo "#busy $(busy_ticks)" >>"$RSM_PHASES"
+	cg=$(phase_cgroup "$name")
 	set +e
 	(
 		set -e
+		[ -z "$cg" ] || echo "$BASHPID" >"$cg/cgroup.procs"
 		export RSM_PHASE=$name
 		"$@"
 	)
 	rc=$?
 	[[ $errexit != *e* ]] || set -e
-	[ -z "${RSM_PHASES:-}" ] || echo "$name $((SECONDS - start)) $rc" >>"$RSM_PHASES"
+	if [ -n "$cg" ]; then
+		cpu=$(($(cat "$cg/cpuacct.usage") / 1000000000))
+		rmdir "$cg" 2>/dev/null || echo "dev: $name left processes in $cg" >&2
+	fi
+	[ -z "${RSM_PHASES:-}" ] || echo "$name $((SECONDS - start)) $rc $cpu" >>"$RSM_PHASES"
 	return "$rc"
 }
+
+# phase_cgroup NAME: a new cpuacct cgroup for phase NAME under this
+# shell's own, its path printed; nothing when there is none to make.
+phase_cgroup() {
+	local own dir
+	own=$(awk -F: '$2 ~ /(^|,)cpuacct(,|$)/ { print $3 }' /proc/$BASHPID/cgroup 2>/dev/null)
+	[ -n "$own" ] && [ -d "/sys/fs/cgroup/cpuacct$own" ] || return 0
+	dir=/sys/fs/cgroup/cpuacct${own%/}/rsm-phase-$BASHPID-${1//\//-}
+	if mkdir "$dir" 2>/dev/null; then echo "$dir"; fi
+}
+
+# busy_ticks: the machine's busy CPU time since boot, in USER_HZ ticks
+# (/proc/stat: all but idle and iowait).
+busy_ticks() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9 }' /proc/stat; }
 
 # own_phases: a temp RSM_PHASES for this call, printed as the table when
 # it exits, however it exits, unless a caller has set RSM_PHASES (and
@@ -120,15 +146,23 @@ own_phases() {
 }
 
 # phases_table SECONDS RC: the rows of $RSM_PHASES in the order they
-# ended (a step's own steps before it), then the total.
+# ended (a step's own steps before it), then the total: its wall time and
+# the machine's busy CPU-seconds since the first phase began, with that as
+# a share of all its cores.
 phases_table() {
 	local total=${1:?phases SECONDS RC} rc=${2:?phases SECONDS RC}
 	[ -n "${RSM_PHASES:-}" ] || { echo "dev: phases: RSM_PHASES is not set" >&2; return 2; }
-	awk -v total="$total" -v rc="$rc" '
-		function row(name, s, r) { printf "dev: %-40s %7s  %s\n", name, s, r == 0 ? "ok" : "FAILED (exit " r ")" }
-		BEGIN { printf "dev: %-40s %7s  %s\n", "phase", "seconds", "result" }
-		NF == 3 { row($1, $2, $3) }
-		END { row("total", total, rc) }' "$RSM_PHASES" >&2
+	awk -v total="$total" -v rc="$rc" -v now="$(busy_ticks)" -v hz="$(getconf CLK_TCK)" -v cores="$(nproc)" '
+		function row(name, s, r, c) { printf "dev: %-40s %7s %7s  %s\n", name, s, c, r == 0 ? "ok" : "FAILED (exit " r ")" }
+		BEGIN { printf "dev: %-40s %7s %7s  %s\n", "phase", "seconds", "cpu-s", "result" }
+		$1 == "#busy" { busy0 = $2; next }
+		NF >= 3 { row($1, $2, $3, NF >= 4 ? $4 : "-") }
+		END {
+			cpu = busy0 == "" ? "-" : int((now - busy0) / hz)
+			row("total", total, rc, cpu)
+			if (cpu != "-" && total > 0)
+				printf "dev: the machine was %d%% busy (%d cores, all processes, pods too)\n", 100 * cpu / (cores * total), cores
+		}' "$RSM_PHASES" >&2
 }
 
 # tests_of LIST: the anchored go test -run regex of the tests that
