@@ -86,13 +86,13 @@ func testPreciseVolumeKinds(t *testing.T, conn *rados.Conn, srcs map[string]*rsm
 			for kind, what := range []string{"Allocated", "Delta"} {
 				// 4 KiB-aligned writes: precise mode reports whole chunks
 				// or less, so the truth in 4 KiB blocks is within reach.
-				if r := tot.Ratio(p[kind], kind); r > 1.1 {
+				if r := p[kind].Ratio(); r > 1.1 {
 					t.Errorf("precise %s: %.2f× the truly changed bytes, want at most 1.1×", what, r)
 				}
 			}
 			rows[i] = fmt.Sprintf("| %s | %s | %.2f× · %v | **%.2f×** · %v | %s | %.2f× · %v | **%.2f×** · %v |", k.name,
-				oracle.MiB(tot.Truth[0]), tot.Ratio(e[0], 0), tot.Per(e[0], 0), tot.Ratio(p[0], 0), tot.Per(p[0], 0),
-				oracle.MiB(tot.Truth[1]), tot.Ratio(e[1], 1), tot.Per(e[1], 1), tot.Ratio(p[1], 1), tot.Per(p[1], 1))
+				oracle.MiB(tot.Truth[0]), e[0].Ratio(), e[0].Per(), p[0].Ratio(), p[0].Per(),
+				oracle.MiB(tot.Truth[1]), e[1].Ratio(), e[1].Per(), p[1].Ratio(), p[1].Per())
 			if t.Failed() {
 				t.Logf("history:\n%s", strings.Join(w.Log, "\n"))
 			}

@@ -6,7 +6,10 @@
 // variants: Modes) judged against those bytes. A mode must report every
 // byte that is non-zero (Allocated) or differs (Delta); what it reports
 // beyond that is its cost, summed per mode and per kind of history into
-// the table TestPreciseOracle prints.
+// the table TestPreciseOracle prints. Precise mode's walk variants
+// (Options.Walk) answer only the queries where precise mode walked, on
+// an image without a usable object map: elsewhere they take its path, and
+// would only repeat its answer.
 //
 // A seed makes one history (NewWorkload, Workload.Run) and replays it
 // exactly: RSM_E2E_SEED=n replays seed n, RSM_E2E_SEEDS=n runs n seeds
