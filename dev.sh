@@ -155,7 +155,7 @@ phases_table() {
 	awk -v total="$total" -v rc="$rc" -v now="$(busy_ticks)" -v hz="$(getconf CLK_TCK)" -v cores="$(nproc)" '
 		function row(name, s, r, c) { printf "dev: %-40s %7s %7s  %s\n", name, s, c, r == 0 ? "ok" : "FAILED (exit " r ")" }
 		BEGIN { printf "dev: %-40s %7s %7s  %s\n", "phase", "seconds", "cpu-s", "result" }
-		$1 == "#busy" { busy0 = $2; next }
+		$1 == "#busy" { if (busy0 == "") busy0 = $2; next }
 		NF >= 3 { row($1, $2, $3, NF >= 4 ? $4 : "-") }
 		END {
 			cpu = busy0 == "" ? "-" : int((now - busy0) / hz)
