@@ -306,67 +306,129 @@ func TestPods(t *testing.T) {
 		t.Fatal("RSM_POD_IMAGE and RSM_POD_TAG are not set (e2e/run-pods.sh sets them)")
 	}
 	podObjects(t, k)
+	r := &podsRun{k: k, image: image, tag: tag}
+	r.shortSnapshots(t)
 
-	// Ceph-CSI volumes and snapshots, and their VolumeSnapshots.
+	// ---- The chart, as deploy/README.md installs it: in Ceph-CSI's
+	// namespace, whose ConfigMap ceph-csi-config holds the monitors.
+	r.installChart(t, t0)
+	t.Run("memory-limit", r.memoryLimit)
+	r.backupClients(t)
+	t.Run("lister", r.lister)
+	t.Run("refused-by-sidecar", r.refusedBySidecar)
+	t.Run("refused-without-role", r.refusedWithoutRole)
+	t.Run("metrics-service", r.metricsService)
+	t.Run("both-replicas-serve", r.bothReplicasServe)
+	checkPodsHealthy(t, k, podNS, r.sel, 2)
+
+	// ---- Lifecycle: a long Delta, read at a consumer's pace, while the
+	// pods are replaced under it.
+	r.longSnapshots(t)
+	t.Run("rolling-upgrade", r.rollingUpgrade)
+	t.Run("pod-deleted", r.podDeleted)
+
+	// ---- Memory, from the kernel (pods_memory_test.go): under stalled
+	// readers beside a precise stream, then the server containers' cgroups
+	// after every stream above (the long Deltas included).
+	t.Run("memory-stalled-readers", func(t *testing.T) { stalledReaders(t, k, r.sel, r.dl1, r.dl2) })
+	t.Run("memory-cgroup", r.memoryCgroup)
+	// ---- A server killed in its pod, restarted in place by the kubelet
+	// beside the old socket (pods_restart_test.go).
+	t.Run("restart-in-place", func(t *testing.T) { restartInPlace(t, k, r.sel, r.da1, r.da2) })
+	// ---- The certificate renewed by helm upgrade, seen by the running
+	// sidecars (pods_cert_test.go).
+	t.Run("cert-renewal", func(t *testing.T) { certRenewal(t, k, r.chart, r.sel, r.da1, r.da2) })
+
+	// ---- The standalone kustomize example, as deploy/README.md's Rook
+	// route applies it.
+	t.Run("kustomize-rook", r.kustomizeRook)
+}
+
+// podsRun is what TestPods' steps share: the node, our image, the
+// Ceph-CSI snapshots (a1, a2: the short Delta; l1, l2: the long one) and
+// their bytes, and the chart's install: its path, its pods' selector, the
+// pods it rolled out first and the route disrupt replaces them on.
+type podsRun struct {
+	k                  *kube.Env
+	image, tag         string
+	def                *harness.CSICluster
+	a1, a2, l1, l2     *harness.CSISnap
+	da1, da2, dl1, dl2 []byte
+	chart, sel         string
+	ps                 []podInfo
+	route              podRoute
+}
+
+// shortSnapshots: Ceph-CSI volumes and snapshots, and their
+// VolumeSnapshots snap-a1 and snap-a2.
+func (r *podsRun) shortSnapshots(t *testing.T) {
 	conn := harness.ConnectAdmin(t)
-	def := harness.NewCSICluster(t, conn, harness.ClusterID, "")
-	a := def.CreateVolume(t, csiVolSize, nil)
+	r.def = harness.NewCSICluster(t, conn, harness.ClusterID, "")
+	a := r.def.CreateVolume(t, csiVolSize, nil)
 	for _, w := range [][2]uint64{{0, 4096}, {5*harness.MiB + 12288, 8192}, {9 * harness.MiB, 64 << 10}, {12 * harness.MiB, harness.ObjSize}, {csiVolSize - 4096, 4096}} {
 		a.Write(t, w[0], w[1])
 	}
-	a1 := a.Snapshot(t)
+	r.a1 = a.Snapshot(t)
 	a.Write(t, 4096, 8192)
 	a.Write(t, 9*harness.MiB+1000, 50)
 	a.Discard(t, 12*harness.MiB, harness.ObjSize)
 	a.Write(t, 28*harness.MiB, 4096)
-	a2 := a.Snapshot(t)
-	da1, da2 := a1.Data(t), a2.Data(t)
-	k.VolumeSnapshot(t, "snap-a1", a1.Handle(), int64(len(da1)))
-	k.VolumeSnapshot(t, "snap-a2", a2.Handle(), int64(len(da2)))
+	r.a2 = a.Snapshot(t)
+	r.da1, r.da2 = r.a1.Data(t), r.a2.Data(t)
+	r.k.VolumeSnapshot(t, "snap-a1", r.a1.Handle(), int64(len(r.da1)))
+	r.k.VolumeSnapshot(t, "snap-a2", r.a2.Handle(), int64(len(r.da2)))
+}
 
-	// ---- The chart, as deploy/README.md installs it: in Ceph-CSI's
-	// namespace, whose ConfigMap ceph-csi-config holds the monitors.
+// installChart: helm install of the chart with our image rolls out two
+// healthy replicas; the test ends here if there are not two.
+func (r *podsRun) installChart(t *testing.T, t0 time.Time) {
+	k := r.k
 	k.Kubectl(t, "create", "namespace", podNS)
 	k.Kubectl(t, "-n", podNS, "create", "configmap", "ceph-csi-config",
 		"--from-file=config.json="+filepath.Join(harness.ClusterEnv(t, "RSM_CLUSTER_DIR"), "csi-config.json"))
-	chart := filepath.Join("deploy", "helm", "rbd-snapshot-metadata")
+	r.chart = filepath.Join("deploy", "helm", "rbd-snapshot-metadata")
 	t1 := time.Now()
 	// logLevel 4: a line per request, with its IDs, tells which pod
 	// serves a stream.
-	k.Helm(t, "install", podRelease, chart, "-n", podNS, "--set", "image.repository="+image, "--set", "image.tag="+tag,
+	k.Helm(t, "install", podRelease, r.chart, "-n", podNS, "--set", "image.repository="+r.image, "--set", "image.tag="+r.tag,
 		"--set", "server.logLevel=4")
 	took := waitRollout(t, k, podNS, "rbd-snapshot-metadata", 5*time.Minute)
 	t.Logf("helm install to both replicas Ready: %.1fs (node up %.1fs before)", took.Seconds(), t1.Sub(t0).Seconds())
-	sel := "app=rbd-snapshot-metadata" // the chart's selector
-	ps := checkPodsHealthy(t, k, podNS, sel, 2)
-	if len(ps) != 2 {
+	r.sel = "app=rbd-snapshot-metadata" // the chart's selector
+	r.ps = checkPodsHealthy(t, k, podNS, r.sel, 2)
+	if len(r.ps) != 2 {
 		t.FailNow()
 	}
+}
 
-	t.Run("memory-limit", func(t *testing.T) {
-		// The chart's limits.memory (512Mi) reaches the server through the
-		// downward API, and Go's limit is 3/4 of it.
-		for _, p := range ps {
-			log := k.Kubectl(t, "-n", podNS, "logs", p.Metadata.Name, "-c", "rbd-snapshot-metadata")
-			m := regexp.MustCompile(`Go memory limit from the container's[^\n]*`).FindString(log)
-			t.Logf("%s: %s", p.Metadata.Name, m)
-			if !strings.Contains(m, fmt.Sprintf("goMemoryLimit=%d", 512<<20*3/4)) || !strings.Contains(m, fmt.Sprintf(`memoryLimit="%d"`, 512<<20)) {
-				t.Errorf("%s: the server's log does not show the pod's 512Mi limit:\n%s", p.Metadata.Name, harness.Tail(log, 15))
-			}
+// memoryLimit: the chart's limits.memory (512Mi) reaches the server
+// through the downward API, and Go's limit is 3/4 of it.
+func (r *podsRun) memoryLimit(t *testing.T) {
+	for _, p := range r.ps {
+		log := r.k.Kubectl(t, "-n", podNS, "logs", p.Metadata.Name, "-c", "rbd-snapshot-metadata")
+		m := regexp.MustCompile(`Go memory limit from the container's[^\n]*`).FindString(log)
+		t.Logf("%s: %s", p.Metadata.Name, m)
+		if !strings.Contains(m, fmt.Sprintf("goMemoryLimit=%d", 512<<20*3/4)) || !strings.Contains(m, fmt.Sprintf(`memoryLimit="%d"`, 512<<20)) {
+			t.Errorf("%s: the server's log does not show the pod's 512Mi limit:\n%s", p.Metadata.Name, harness.Tail(log, 15))
 		}
-	})
+	}
+}
 
+// backupClients: backup-client/allocated and backup-client/delta, a
+// backup client pod's answers, in variable-length extents, match the
+// byte oracle.
+func (r *podsRun) backupClients(t *testing.T) {
 	type q struct {
 		name         string
 		args         []string
 		before, targ []byte
 	}
 	for _, c := range []q{
-		{"allocated", []string{"-snapshot", "snap-a2", "-namespace", kube.NS}, nil, da2},
-		{"delta", []string{"-snapshot", "snap-a2", "-prev-snapshot", "snap-a1", "-namespace", kube.NS}, da1, da2},
+		{"allocated", []string{"-snapshot", "snap-a2", "-namespace", kube.NS}, nil, r.da2},
+		{"delta", []string{"-snapshot", "snap-a2", "-prev-snapshot", "snap-a1", "-namespace", kube.NS}, r.da1, r.da2},
 	} {
 		t.Run("backup-client/"+c.name, func(t *testing.T) {
-			logs, ok := runPod(t, k, "backup-"+c.name, kube.BackupSA, "rsm-e2e.local/backup-client:v1.1.0", c.args...)
+			logs, ok := runPod(t, r.k, "backup-"+c.name, kube.BackupSA, "rsm-e2e.local/backup-client:v1.1.0", c.args...)
 			if !ok {
 				t.Fatalf("backup client failed:\n%s", harness.Tail(logs, 20))
 			}
@@ -377,179 +439,193 @@ func TestPods(t *testing.T) {
 			csiCheckOracle(t, "backup client pod "+c.name, got, c.before, c.targ, 0)
 		})
 	}
-	t.Run("lister", func(t *testing.T) {
-		logs, ok := runPod(t, k, "lister", kube.BackupSA, "rsm-e2e.local/snapshot-metadata-lister:v1.1.0",
-			"-n", kube.NS, "-s", "snap-a2", "-p", "snap-a1", "-o", "json", "-max-results", "3")
-		if !ok {
-			t.Fatalf("lister failed:\n%s", harness.Tail(logs, 20))
-		}
-		got := csiAnswer{capacity: -1}
-		for _, p := range kube.ParseLister(t, logs) {
-			if len(p.Tuples) > 3 {
-				t.Errorf("a record of %d tuples, max-results 3", len(p.Tuples))
-			}
-			got.capacity = p.Capacity
-			got.extents = append(got.extents, p.Tuples...)
-		}
-		csiCheckOracle(t, "lister pod delta", got, da1, da2, 0)
-	})
-	t.Run("refused-by-sidecar", func(t *testing.T) {
-		// A client that may read the snapshots but asks for a token of a
-		// ServiceAccount without the client role: the sidecar's
-		// TokenReview and SubjectAccessReview refuse that account.
-		logs, ok := runPod(t, k, "impostor", kube.BackupSA, "rsm-e2e.local/backup-client:v1.1.0",
-			"-snapshot", "snap-a2", "-namespace", kube.NS, "-service-account", kube.NoRoleSA)
-		if ok {
-			t.Fatalf("a token of a ServiceAccount without the client role got an answer:\n%s", harness.Tail(logs, 5))
-		}
-		if !strings.Contains(logs, "PermissionDenied") {
-			t.Errorf("refused, but not by the sidecar's access review (PermissionDenied):\n%s", harness.Tail(logs, 5))
-		}
-		t.Logf("refused: %s", strings.TrimSpace(harness.Tail(logs, 2)))
-	})
-	t.Run("refused-without-role", func(t *testing.T) {
-		logs, ok := runPod(t, k, "intruder", kube.NoRoleSA, "rsm-e2e.local/backup-client:v1.1.0",
-			"-snapshot", "snap-a2", "-namespace", kube.NS)
-		if ok {
-			t.Fatalf("a ServiceAccount without the client role got an answer:\n%s", harness.Tail(logs, 5))
-		}
-		if !strings.Contains(logs, "forbidden") && !strings.Contains(logs, "PermissionDenied") && !strings.Contains(logs, "Unauthenticated") {
-			t.Errorf("refused, but not for its rights:\n%s", harness.Tail(logs, 5))
-		}
-		t.Logf("refused: %s", strings.TrimSpace(harness.Tail(logs, 2)))
-	})
-	t.Run("metrics-service", func(t *testing.T) {
-		// Through the metrics Service, as a scraper inside the cluster
-		// reaches it (the API server's service proxy picks an endpoint).
-		out := k.Kubectl(t, "get", "--raw", "/api/v1/namespaces/"+podNS+"/services/rbd-snapshot-metadata-metrics:9191/proxy/metrics")
-		if !strings.Contains(out, "rbd_snapshot_metadata_") {
-			t.Errorf("no rbd_snapshot_metadata_ metric through the Service:\n%s", harness.Tail(out, 10))
-		}
-	})
-	t.Run("both-replicas-serve", func(t *testing.T) {
-		// kube-proxy picks an endpoint per connection at random: 20
-		// clients miss a replica with probability 2^-19.
-		served := map[string]int{}
-		for i := 0; i < 20 && (served[ps[0].Metadata.Name] == 0 || served[ps[len(ps)-1].Metadata.Name] == 0); i++ {
-			logs, ok := runPod(t, k, fmt.Sprintf("spread-%d", i), kube.BackupSA, "rsm-e2e.local/backup-client:v1.1.0",
-				"-snapshot", "snap-a1", "-namespace", kube.NS)
-			if !ok {
-				t.Fatalf("backup client failed:\n%s", harness.Tail(logs, 20))
-			}
-			for _, p := range ps {
-				log, _ := k.KubectlQuiet("-n", podNS, "logs", p.Metadata.Name, "-c", "rbd-snapshot-metadata")
-				served[p.Metadata.Name] = strings.Count(log, "GetMetadataAllocated")
-			}
-		}
-		t.Logf("requests per replica: %v", served)
-		for _, p := range ps {
-			if served[p.Metadata.Name] == 0 {
-				t.Errorf("replica %s served nothing", p.Metadata.Name)
-			}
-		}
-	})
-	checkPodsHealthy(t, k, podNS, sel, 2)
+}
 
-	// ---- Lifecycle: a long Delta, read at a consumer's pace, while the
-	// pods are replaced under it: 32768 extents, 1000 tuples a record, so
-	// that the stream (about 330 KB) outgrows what the gRPC windows of the
-	// three hops (ours, the sidecar's, the client's) hold in flight.
+// lister: the sidecar's snapshot-metadata-lister in a pod gets the Delta
+// the byte oracle has, in records of max-results tuples at most.
+func (r *podsRun) lister(t *testing.T) {
+	logs, ok := runPod(t, r.k, "lister", kube.BackupSA, "rsm-e2e.local/snapshot-metadata-lister:v1.1.0",
+		"-n", kube.NS, "-s", "snap-a2", "-p", "snap-a1", "-o", "json", "-max-results", "3")
+	if !ok {
+		t.Fatalf("lister failed:\n%s", harness.Tail(logs, 20))
+	}
+	got := csiAnswer{capacity: -1}
+	for _, p := range kube.ParseLister(t, logs) {
+		if len(p.Tuples) > 3 {
+			t.Errorf("a record of %d tuples, max-results 3", len(p.Tuples))
+		}
+		got.capacity = p.Capacity
+		got.extents = append(got.extents, p.Tuples...)
+	}
+	csiCheckOracle(t, "lister pod delta", got, r.da1, r.da2, 0)
+}
+
+// refusedBySidecar: a client that may read the snapshots but asks for a
+// token of a ServiceAccount without the client role: the sidecar's
+// TokenReview and SubjectAccessReview refuse that account.
+func (r *podsRun) refusedBySidecar(t *testing.T) {
+	logs, ok := runPod(t, r.k, "impostor", kube.BackupSA, "rsm-e2e.local/backup-client:v1.1.0",
+		"-snapshot", "snap-a2", "-namespace", kube.NS, "-service-account", kube.NoRoleSA)
+	if ok {
+		t.Fatalf("a token of a ServiceAccount without the client role got an answer:\n%s", harness.Tail(logs, 5))
+	}
+	if !strings.Contains(logs, "PermissionDenied") {
+		t.Errorf("refused, but not by the sidecar's access review (PermissionDenied):\n%s", harness.Tail(logs, 5))
+	}
+	t.Logf("refused: %s", strings.TrimSpace(harness.Tail(logs, 2)))
+}
+
+// refusedWithoutRole: a backup client running as a ServiceAccount
+// without the client role is refused for its rights.
+func (r *podsRun) refusedWithoutRole(t *testing.T) {
+	logs, ok := runPod(t, r.k, "intruder", kube.NoRoleSA, "rsm-e2e.local/backup-client:v1.1.0",
+		"-snapshot", "snap-a2", "-namespace", kube.NS)
+	if ok {
+		t.Fatalf("a ServiceAccount without the client role got an answer:\n%s", harness.Tail(logs, 5))
+	}
+	if !strings.Contains(logs, "forbidden") && !strings.Contains(logs, "PermissionDenied") && !strings.Contains(logs, "Unauthenticated") {
+		t.Errorf("refused, but not for its rights:\n%s", harness.Tail(logs, 5))
+	}
+	t.Logf("refused: %s", strings.TrimSpace(harness.Tail(logs, 2)))
+}
+
+// metricsService: our metrics, through the metrics Service, as a scraper
+// inside the cluster reaches it (the API server's service proxy picks an
+// endpoint).
+func (r *podsRun) metricsService(t *testing.T) {
+	out := r.k.Kubectl(t, "get", "--raw", "/api/v1/namespaces/"+podNS+"/services/rbd-snapshot-metadata-metrics:9191/proxy/metrics")
+	if !strings.Contains(out, "rbd_snapshot_metadata_") {
+		t.Errorf("no rbd_snapshot_metadata_ metric through the Service:\n%s", harness.Tail(out, 10))
+	}
+}
+
+// bothReplicasServe: backup clients through the Service reach both
+// replicas. kube-proxy picks an endpoint per connection at random: 20
+// clients miss a replica with probability 2^-19.
+func (r *podsRun) bothReplicasServe(t *testing.T) {
+	k, ps := r.k, r.ps
+	served := map[string]int{}
+	for i := 0; i < 20 && (served[ps[0].Metadata.Name] == 0 || served[ps[len(ps)-1].Metadata.Name] == 0); i++ {
+		logs, ok := runPod(t, k, fmt.Sprintf("spread-%d", i), kube.BackupSA, "rsm-e2e.local/backup-client:v1.1.0",
+			"-snapshot", "snap-a1", "-namespace", kube.NS)
+		if !ok {
+			t.Fatalf("backup client failed:\n%s", harness.Tail(logs, 20))
+		}
+		for _, p := range ps {
+			log, _ := k.KubectlQuiet("-n", podNS, "logs", p.Metadata.Name, "-c", "rbd-snapshot-metadata")
+			served[p.Metadata.Name] = strings.Count(log, "GetMetadataAllocated")
+		}
+	}
+	t.Logf("requests per replica: %v", served)
+	for _, p := range ps {
+		if served[p.Metadata.Name] == 0 {
+			t.Errorf("replica %s served nothing", p.Metadata.Name)
+		}
+	}
+}
+
+// longSnapshots: the long Delta's snapshots, snap-l1 and snap-l2, and the
+// chart's install as the route whose pods disrupt replaces. 32768
+// extents, 1000 tuples a record, so that the stream (about 330 KB)
+// outgrows what the gRPC windows of the three hops (ours, the sidecar's,
+// the client's) hold in flight.
+func (r *podsRun) longSnapshots(t *testing.T) {
+	k := r.k
 	// One write a 4 KiB block: the byte oracle's unit.
-	big := def.CreateVolume(t, 128*harness.MiB, nil)
-	l1 := big.Snapshot(t)
+	big := r.def.CreateVolume(t, 128*harness.MiB, nil)
+	r.l1 = big.Snapshot(t)
 	for o := uint64(0); o < 128*harness.MiB; o += harness.CSIBlock {
 		big.Write(t, o, 512)
 	}
-	l2 := big.Snapshot(t)
-	dl1, dl2 := l1.Data(t), l2.Data(t)
-	k.VolumeSnapshot(t, "snap-l1", l1.Handle(), int64(len(dl1)))
-	k.VolumeSnapshot(t, "snap-l2", l2.Handle(), int64(len(dl2)))
-	chartRoute := podRoute{ns: podNS, deploy: "rbd-snapshot-metadata", sel: sel, pre: "snap-", replicas: 2,
-		short: [2][]byte{da1, da2}, long: [2][]byte{dl1, dl2}}
-	// Within the chart's grace (the server's 25 s, the pod's 30 s): 33
-	// records at 0.5 s.
-	t.Run("rolling-upgrade", func(t *testing.T) {
-		disrupt(t, k, chartRoute, "upgrade", "500ms", false, true, func(t *testing.T) {
-			k.Helm(t, "upgrade", podRelease, chart, "-n", podNS, "--reuse-values", "--set", "image.tag="+tag+"-next")
-		})
+	r.l2 = big.Snapshot(t)
+	r.dl1, r.dl2 = r.l1.Data(t), r.l2.Data(t)
+	k.VolumeSnapshot(t, "snap-l1", r.l1.Handle(), int64(len(r.dl1)))
+	k.VolumeSnapshot(t, "snap-l2", r.l2.Handle(), int64(len(r.dl2)))
+	r.route = podRoute{ns: podNS, deploy: "rbd-snapshot-metadata", sel: r.sel, pre: "snap-", replicas: 2,
+		short: [2][]byte{r.da1, r.da2}, long: [2][]byte{r.dl1, r.dl2}}
+}
+
+// rollingUpgrade: a helm upgrade within the chart's grace (the server's
+// 25 s, the pod's 30 s): 33 records at 0.5 s.
+func (r *podsRun) rollingUpgrade(t *testing.T) {
+	disrupt(t, r.k, r.route, "upgrade", "500ms", false, true, func(t *testing.T) {
+		r.k.Helm(t, "upgrade", podRelease, r.chart, "-n", podNS, "--reuse-values", "--set", "image.tag="+r.tag+"-next")
 	})
-	// Past it: 33 records at 2 s, so that the server's grace and then the
-	// kubelet's SIGKILL end the stream under the client.
-	t.Run("pod-deleted", func(t *testing.T) {
-		disrupt(t, k, chartRoute, "deleted", "2s", true, false, func(t *testing.T) {
-			// The pod whose server has the stream.
-			var serving []string
-			for _, p := range pods(t, k, podNS, sel) {
-				out, _ := k.KubectlQuiet("-n", podNS, "logs", p.Metadata.Name, "-c", "rbd-snapshot-metadata")
-				if strings.Contains(out, l2.Handle()) {
-					serving = append(serving, p.Metadata.Name)
-				}
+}
+
+// podDeleted: the stream's pod deleted, past the chart's grace: 33
+// records at 2 s, so that the server's grace and then the kubelet's
+// SIGKILL end the stream under the client.
+func (r *podsRun) podDeleted(t *testing.T) {
+	k := r.k
+	disrupt(t, k, r.route, "deleted", "2s", true, false, func(t *testing.T) {
+		// The pod whose server has the stream.
+		var serving []string
+		for _, p := range pods(t, k, podNS, r.sel) {
+			out, _ := k.KubectlQuiet("-n", podNS, "logs", p.Metadata.Name, "-c", "rbd-snapshot-metadata")
+			if strings.Contains(out, r.l2.Handle()) {
+				serving = append(serving, p.Metadata.Name)
 			}
-			if len(serving) != 1 {
-				t.Fatalf("%d pods logged the stream's request, want 1: %v", len(serving), serving)
-			}
-			k.Kubectl(t, "-n", podNS, "delete", "pod", serving[0], "--wait=false")
-		})
+		}
+		if len(serving) != 1 {
+			t.Fatalf("%d pods logged the stream's request, want 1: %v", len(serving), serving)
+		}
+		k.Kubectl(t, "-n", podNS, "delete", "pod", serving[0], "--wait=false")
 	})
+}
 
-	// ---- Memory, from the kernel (pods_memory_test.go): under stalled
-	// readers beside a precise stream, then the server containers' cgroups
-	// after every stream above (the long Deltas included).
-	t.Run("memory-stalled-readers", func(t *testing.T) { stalledReaders(t, k, sel, dl1, dl2) })
-	t.Run("memory-cgroup", func(t *testing.T) {
-		for _, p := range pods(t, k, podNS, sel) {
-			m := containerMemory(t, k, p, "rbd-snapshot-metadata")
-			t.Logf("%s: %s", p.Metadata.Name, m)
-			m.checkUnderLimit(t, p.Metadata.Name)
-		}
-	})
-	// ---- A server killed in its pod, restarted in place by the kubelet
-	// beside the old socket (pods_restart_test.go).
-	t.Run("restart-in-place", func(t *testing.T) { restartInPlace(t, k, sel, da1, da2) })
-	// ---- The certificate renewed by helm upgrade, seen by the running
-	// sidecars (pods_cert_test.go).
-	t.Run("cert-renewal", func(t *testing.T) { certRenewal(t, k, chart, sel, da1, da2) })
+// memoryCgroup: every server container's cgroup, after every stream
+// above, stayed under its limit.
+func (r *podsRun) memoryCgroup(t *testing.T) {
+	for _, p := range pods(t, r.k, podNS, r.sel) {
+		m := containerMemory(t, r.k, p, "rbd-snapshot-metadata")
+		t.Logf("%s: %s", p.Metadata.Name, m)
+		m.checkUnderLimit(t, p.Metadata.Name)
+	}
+}
 
-	// ---- The standalone kustomize example, as deploy/README.md's Rook
-	// route applies it: a checkout of deploy/ whose example a user has
-	// given certificates (gen-certs.sh) and our image, in Rook's namespace
-	// with Rook's driver name. (No Rook here, so no Driver CR to patch.)
-	t.Run("kustomize-rook", func(t *testing.T) {
-		const ns, driver, class = "rook-ceph", "rook-ceph.rbd.csi.ceph.com", "rook-ceph-snapclass"
-		src := userCheckout(t, k, "examples/rook/kustomization.yaml", image, tag)
-		example := filepath.Join(src, "deploy", "examples", "rook")
-		if out, err := exec.Command(filepath.Join(src, "deploy", "gen-certs.sh"), "-n", ns, filepath.Join(example, "certs")).CombinedOutput(); err != nil {
-			t.Fatalf("gen-certs.sh: %v\n%s", err, out)
-		}
-		k.Kubectl(t, "create", "namespace", ns)
-		k.Kubectl(t, "-n", ns, "create", "configmap", "ceph-csi-config",
-			"--from-file=config.json="+filepath.Join(harness.ClusterEnv(t, "RSM_CLUSTER_DIR"), "csi-config.json"))
-		t0 := time.Now()
-		k.Kubectl(t, "apply", "--server-side", "--field-manager=rbd-snapshot-metadata", "-k", example)
-		waitRollout(t, k, ns, "rbd-snapshot-metadata", 5*time.Minute)
-		t.Logf("kubectl apply -k to both replicas Ready: %.1fs", time.Since(t0).Seconds())
-		checkPodsHealthy(t, k, ns, sel, 2)
+// kustomizeRook: the standalone kustomize example, as deploy/README.md's
+// Rook route applies it: a checkout of deploy/ whose example a user has
+// given certificates (gen-certs.sh) and our image, in Rook's namespace
+// with Rook's driver name (no Rook here, so no Driver CR to patch), rolls
+// out, answers a backup client pod's Delta in full, and keeps it whole or
+// retryable across its rolling restart.
+func (r *podsRun) kustomizeRook(t *testing.T) {
+	k := r.k
+	const ns, driver, class = "rook-ceph", "rook-ceph.rbd.csi.ceph.com", "rook-ceph-snapclass"
+	src := userCheckout(t, k, "examples/rook/kustomization.yaml", r.image, r.tag)
+	example := filepath.Join(src, "deploy", "examples", "rook")
+	if out, err := exec.Command(filepath.Join(src, "deploy", "gen-certs.sh"), "-n", ns, filepath.Join(example, "certs")).CombinedOutput(); err != nil {
+		t.Fatalf("gen-certs.sh: %v\n%s", err, out)
+	}
+	k.Kubectl(t, "create", "namespace", ns)
+	k.Kubectl(t, "-n", ns, "create", "configmap", "ceph-csi-config",
+		"--from-file=config.json="+filepath.Join(harness.ClusterEnv(t, "RSM_CLUSTER_DIR"), "csi-config.json"))
+	t0 := time.Now()
+	k.Kubectl(t, "apply", "--server-side", "--field-manager=rbd-snapshot-metadata", "-k", example)
+	waitRollout(t, k, ns, "rbd-snapshot-metadata", 5*time.Minute)
+	t.Logf("kubectl apply -k to both replicas Ready: %.1fs", time.Since(t0).Seconds())
+	checkPodsHealthy(t, k, ns, r.sel, 2)
 
-		f := filepath.Join(k.Dir, "rook-class.yaml")
-		kube.WriteFile(t, f, kube.SnapshotClass(class, driver))
-		k.Kubectl(t, "apply", "-f", f)
-		for n, v := range map[string]struct {
-			h string
-			d []byte
-		}{"a1": {a1.Handle(), da1}, "a2": {a2.Handle(), da2}, "l1": {l1.Handle(), dl1}, "l2": {l2.Handle(), dl2}} {
-			k.VolumeSnapshotOf(t, driver, class, "rook-"+n, v.h, int64(len(v.d)))
-		}
-		k.Kubectl(t, "create", "clusterrolebinding", "backup-app-rook-snapshot-metadata",
-			"--clusterrole=rbd-snapshot-metadata:"+ns+":client", "--serviceaccount="+kube.NS+":"+kube.BackupSA)
+	f := filepath.Join(k.Dir, "rook-class.yaml")
+	kube.WriteFile(t, f, kube.SnapshotClass(class, driver))
+	k.Kubectl(t, "apply", "-f", f)
+	for n, v := range map[string]struct {
+		h string
+		d []byte
+	}{"a1": {r.a1.Handle(), r.da1}, "a2": {r.a2.Handle(), r.da2}, "l1": {r.l1.Handle(), r.dl1}, "l2": {r.l2.Handle(), r.dl2}} {
+		k.VolumeSnapshotOf(t, driver, class, "rook-"+n, v.h, int64(len(v.d)))
+	}
+	k.Kubectl(t, "create", "clusterrolebinding", "backup-app-rook-snapshot-metadata",
+		"--clusterrole=rbd-snapshot-metadata:"+ns+":client", "--serviceaccount="+kube.NS+":"+kube.BackupSA)
 
-		clientDeltaMatches(t, k, "rook-delta", "rook-", "kustomize route: backup client pod delta", da1, da2)
+	clientDeltaMatches(t, k, "rook-delta", "rook-", "kustomize route: backup client pod delta", r.da1, r.da2)
 
-		// The kustomize routes' rolling restart, during a long Delta.
-		rook := chartRoute
-		rook.ns, rook.pre = ns, "rook-"
-		disrupt(t, k, rook, "restart", "500ms", false, true, func(t *testing.T) {
-			k.Kubectl(t, "-n", ns, "rollout", "restart", "deploy/rbd-snapshot-metadata")
-		})
+	// The kustomize routes' rolling restart, during a long Delta.
+	rook := r.route
+	rook.ns, rook.pre = ns, "rook-"
+	disrupt(t, k, rook, "restart", "500ms", false, true, func(t *testing.T) {
+		k.Kubectl(t, "-n", ns, "rollout", "restart", "deploy/rbd-snapshot-metadata")
 	})
 }
 
