@@ -15,7 +15,8 @@
 # the Kubernetes binaries and the node's images (e2e/k8s/k8s.sh build,
 # images), helm, our image from the Dockerfile (e2e/buildah.sh, with the
 # version stamp of `git describe`; the unchanged tree reuses buildah's
-# layers, or ./dev.sh test's image, RSM_IMAGE_BUILT) and the test binary.
+# layers, or ./dev.sh test's image, RSM_IMAGE_BUILT) and the test binary,
+# whose output goes through e2e/testreport as run-e2e.sh's does.
 # Its rows in ./dev.sh's phase table are PHASE/k8s, /helm, /images, /image
 # and /test.
 # Needs root (network namespace, rootfs, buildah, containerd).
@@ -81,6 +82,10 @@ build_image() {
 }
 timed image build_image
 timed test go test -c -tags pacific,e2e -o "$OUT/e2e.test" ./e2e/
+# go test's JSON through e2e/testreport, as in run-e2e.sh: the usual
+# output, then the ten slowest tests and subtests.
+report=1
+go build -o "$OUT/testreport" ./e2e/testreport || { report=0; log "e2e/testreport did not build; the test binary's own output follows"; }
 
 export RSM_K8S_BIN RSM_HELM_BIN RSM_NODE_IMAGES="$RSM_NODE_IMAGES $OUT/images"
 export RSM_POD_IMAGE=$IMAGE RSM_POD_TAG=$VERSION RSM_NODE_DIR=$OUT/node
@@ -96,15 +101,31 @@ if [ "${1:-}" = --hold ]; then
   export RSM_NODE_HOLD=1
   set -- -test.run '^TestPodsHold$' -test.v -test.timeout 24h
 else
-  # -v and the like, as go test takes them, for the binary.
-  args=()
+  # -v and the like, as go test takes them, for the binary; -v goes to
+  # testreport, which prints every line then.
+  args=() verbose=()
   for a in "$@"; do
-    case "$a" in -run | -v | -timeout | -count | -failfast | -run=* | -timeout=* | -count=*) args+=("-test.${a#-}") ;; *) args+=("$a") ;; esac
+    case "$a" in
+    -v | -v=true | -test.v | -test.v=true) verbose=(-v) ;;
+    -run | -timeout | -count | -failfast | -run=* | -timeout=* | -count=*) args+=("-test.${a#-}") ;;
+    *) args+=("$a") ;;
+    esac
   done
   set -- -test.timeout 40m "${args[@]}"
   case " $* " in *" -test.run"*) ;; *) set -- -test.run '^TestPods' "$@" ;; esac
+  [ "$report" = 0 ] || set -- -test.v=test2json "$@"
 fi
 log "entering a network namespace of its own (node at $IP)"
-rc=0
-unshare --net -- "$0" --in-netns "$HERE/exec.sh" "$OUT/e2e.test" "$@" || rc=$?
-exit $rc
+if [ "$report" = 0 ] || [ -n "${RSM_NODE_HOLD:-}" ]; then
+  rc=0
+  unshare --net -- "$0" --in-netns "$HERE/exec.sh" "$OUT/e2e.test" "$@" || rc=$?
+  exit $rc
+fi
+# The exit code is the test binary's, not the report's.
+set +e
+unshare --net -- "$0" --in-netns "$HERE/exec.sh" "$OUT/e2e.test" "$@" |
+  go tool test2json -t -p "$(go list -m)/e2e" | "$OUT/testreport" "${verbose[@]}"
+rcs=("${PIPESTATUS[@]}")
+set -e
+[ "${rcs[2]}" = 0 ] || log "e2e/testreport failed (exit ${rcs[2]}); the test binary exited ${rcs[0]}"
+exit "${rcs[0]}"
