@@ -3,10 +3,11 @@
 # and runs the demo, on Debian 12 as root with only Go and gcc to start with.
 #
 #   ./dev.sh demo     a throwaway Ceph cluster, the server, and real changed blocks
-#   ./dev.sh test     unit tests, then side by side, each with a fresh real
-#                     cluster: the e2e suite on reef (in two parts), the matrix
-#                     (tentacle and cross-version), the image, and its pods
-#                     on a real kubelet; ends with the table of its phases' times
+#   ./dev.sh test     unit tests, then side by side (RSM_JOBS at a time, default
+#                     3), each with a fresh real cluster: the e2e suite on reef
+#                     (in two parts), the matrix (tentacle and cross-version),
+#                     the image, and its pods on a real kubelet; ends with the
+#                     table of its phases' times
 #   ./dev.sh unit     gofmt, go vet, unit tests (the driver also without cgo), -race
 #   ./dev.sh e2e [go test args]   e2e tests only (RSM_CEPH=tentacle: on Ceph tentacle)
 #   ./dev.sh matrix   the tests of e2e/matrix.txt's matrix list on tentacle, and
@@ -180,8 +181,9 @@ tests_of() {
 # tentacle, its cross list across versions. RSM_CEPH is the cluster's
 # release, RSM_CLIENT_CEPH the one whose librbd the server and tests use.
 # Each leg is a background phase, matrix-CLUSTER-LIBRBD, in a network
-# namespace of its own (e2e/netns.sh), so the three run side by side, and
-# beside whatever the caller runs before join collects them.
+# namespace of its own (e2e/netns.sh), so the three run side by side (bg:
+# RSM_JOBS at a time), and beside whatever the caller runs before join
+# collects them.
 legs() {
 	local matrix cross m cluster client tests
 	matrix=$(tests_of matrix)
@@ -195,40 +197,50 @@ legs() {
 
 # bg NAME CMD...: phase NAME CMD started in the background, its output
 # into a log of its own that join prints when it ends (several at once
-# would interleave). BG holds "PID NAME LOG" of the ones not joined yet.
-BG=()
+# would interleave). At most RSM_JOBS (default 3) run at once: past that,
+# bg first waits for one to end (reap). BG holds "PID NAME LOG" of the
+# ones not reaped yet, BG_RC the first non-zero exit code among those
+# reaped.
+#
+# Why 3 on CI's two cores: a phase's own tests keep about a core busy, and
+# more phases at once make each costlier, not only slower. With all seven
+# at once (load 20-25), one oracle history took 2.2 times the CPU it takes
+# on an idle machine (docs/development.md#ci).
+BG=() BG_RC=0
 bg() {
 	local name=$1 log
 	shift
+	while [ ${#BG[@]} -ge "${RSM_JOBS:-3}" ]; do reap; done
 	log=$(mktemp -t "rsm-${name//\//-}.XXXXXX.log")
 	echo "dev: $name: started beside the others; its output when it ends (log: $log)" >&2
 	phase "$name" "$@" >"$log" 2>&1 </dev/null &
 	BG+=("$! $name $log")
 }
 
-# join: waits for every bg phase, printing each one's output as it ends,
-# and returns the first non-zero exit code among them (0 when all passed).
-join() {
-	local rc=0 r pid e name log left
-	while [ ${#BG[@]} -gt 0 ]; do
-		r=0
-		wait -n -p pid $(printf '%s\n' "${BG[@]}" | cut -d' ' -f1) || r=$?
-		left=()
-		for e in "${BG[@]}"; do
-			read -r _ name log <<<"$e"
-			if [ "${e%% *}" = "$pid" ]; then
-				echo "dev: ---- $name ended (exit $r); its output:" >&2
-				cat "$log" >&2
-				echo "dev: ---- end of $name's output" >&2
-				rm -f "$log"
-			else
-				left+=("$e")
-			fi
-		done
-		BG=("${left[@]}")
-		[ "$rc" != 0 ] || rc=$r
+# reap: waits for one bg phase to end and prints its output.
+reap() {
+	local r=0 pid e name log left=()
+	wait -n -p pid $(printf '%s\n' "${BG[@]}" | cut -d' ' -f1) || r=$?
+	for e in "${BG[@]}"; do
+		read -r _ name log <<<"$e"
+		if [ "${e%% *}" = "$pid" ]; then
+			echo "dev: ---- $name ended (exit $r); its output:" >&2
+			cat "$log" >&2
+			echo "dev: ---- end of $name's output" >&2
+			rm -f "$log"
+		else
+			left+=("$e")
+		fi
 	done
-	return "$rc"
+	BG=("${left[@]}")
+	[ "$BG_RC" != 0 ] || BG_RC=$r
+}
+
+# join: waits for every bg phase, printing each one's output as it ends,
+# and returns the first non-zero exit code among all (0 when all passed).
+join() {
+	while [ ${#BG[@]} -gt 0 ]; do reap; done
+	return "$BG_RC"
 }
 
 # rootfs RELEASE: the release's root filesystem, built or restored now as
@@ -294,15 +306,16 @@ test_all() {
 	phase build build
 	rootfs reef
 	rootfs tentacle
-	oracle=$(tests_of soak)
-	bg "e2e-${RSM_CEPH:-reef}-oracle" env RSM_K8S=0 e2e/netns.sh e2e/run-e2e.sh -run "$oracle"
-	legs
-	bg "e2e-${RSM_CEPH:-reef}" e2e/run-e2e.sh -skip "$oracle"
 	# Without the image (its build failed), each builds its own and says why.
 	wait "$ib" || { image=; echo "dev: image-build failed; the pods and the image's test build their own:" >&2; }
 	cat "$iblog" >&2
 	rm -f "$iblog"
+	# The longest first, RSM_JOBS at a time (bg).
+	oracle=$(tests_of soak)
+	bg "e2e-${RSM_CEPH:-reef}" e2e/run-e2e.sh -skip "$oracle"
 	bg pods env ${image:+RSM_IMAGE_BUILT="$image"} e2e/run-pods.sh
+	bg "e2e-${RSM_CEPH:-reef}-oracle" env RSM_K8S=0 e2e/netns.sh e2e/run-e2e.sh -run "$oracle"
+	legs
 	bg image env ${image:+RSM_IMAGE_BUILT="$image"} e2e/image-build-test.sh
 	join || rc=$?
 	return "$rc"
