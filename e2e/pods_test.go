@@ -662,7 +662,10 @@ func userCheckout(t *testing.T, k *kube.Env, kz, image, tag string) string {
 	if !strings.Contains(string(b), was) {
 		t.Fatalf("%s sets the image otherwise than %q", kz, was)
 	}
-	kube.WriteFile(t, kz, strings.Replace(string(b), was, "newName: "+image+"\n    newTag: "+tag, 1))
+	// Quoted: a tag of digits alone (a commit hash such as 4543157) is a
+	// number in YAML, which kustomize refuses ("cannot unmarshal number
+	// into Go struct field Image.images.newTag of type string").
+	kube.WriteFile(t, kz, strings.Replace(string(b), was, "newName: "+image+"\n    newTag: \""+tag+"\"", 1))
 	return src
 }
 
