@@ -5,7 +5,7 @@
 #   ./dev.sh demo     a throwaway Ceph cluster, the server, and real changed blocks
 #   ./dev.sh test     unit tests, then side by side (RSM_JOBS at a time, default
 #                     3), each with a fresh real cluster: the e2e suite on reef
-#                     (in two parts), the matrix (tentacle and cross-version),
+#                     (in three parts), the matrix (tentacle and cross-version),
 #                     the image, and its pods on a real kubelet; ends with the
 #                     table of its phases' times
 #   ./dev.sh unit     gofmt, go vet, unit tests (the driver also without cgo), -race
@@ -278,21 +278,33 @@ prefetch() {
 	} >"$log" 2>&1 </dev/null &
 }
 
+# k8s_apart REGEX: the e2e tests of REGEX (e2e/matrix.txt's k8s list) in a
+# network namespace of their own, which has no way to the module proxy:
+# the Kubernetes tools are built (or found) before, outside it, as the
+# image's test does; a failed build fails those tests there, as in
+# run-e2e.sh, not this phase before them.
+k8s_apart() {
+	local what
+	for what in build csi-operator helm; do
+		e2e/k8s/k8s.sh "$what" >/dev/null || echo "dev: e2e/k8s/k8s.sh $what failed: the tests that need it will say so" >&2
+	done
+	e2e/netns.sh e2e/run-e2e.sh -run "$1"
+}
+
 # ./dev.sh test: what e2e and matrix do, with one build, then the image and its pods;
 # what later phases need is made during the unit tests (prefetch). The
-# suite on reef runs in two parts side by side, each with a cluster of its
-# own: the oracle tests (e2e/matrix.txt's soak list, e2e-reef-oracle), and
-# the rest (e2e-reef). (The Kubernetes tests as a third part, 2026-12-03,
-# made the run 96 s slower and the pods 366 s: the two cores are busy
-# throughout, so a phase apart adds its cluster and takes the others'
-# CPU.) Beside them run the matrix's
-# legs, the pods and the image, all but e2e-reef and the image's build in a
+# suite on reef runs in three parts, each with a cluster of its own: the
+# oracle tests (e2e/matrix.txt's soak list, e2e-reef-oracle), the
+# Kubernetes tests (its k8s list, e2e-reef-k8s) and the rest (e2e-reef,
+# the longest phase, which mostly waits on timeouts and the OSDs). With
+# them run the matrix's legs, the pods and the image, RSM_JOBS at a time,
+# the longest first (bg); all but e2e-reef and the image's build in a
 # network namespace of their own (e2e/netns.sh, run-pods.sh), so that none
-# meets another's ports or faults. The image is built once, beside the unit
-# tests (image-build), for the pods and the image's test
+# meets another's ports or faults. The image is built once, beside the
+# unit tests (image-build), for the pods and the image's test
 # (RSM_IMAGE_BUILT).
 test_all() {
-	local rc=0 oracle v image ib iblog
+	local rc=0 oracle k8s v image ib iblog
 	deps
 	prefetch
 	# The image, built once for the image's test and the pods, beside the
@@ -312,9 +324,11 @@ test_all() {
 	rm -f "$iblog"
 	# The longest first, RSM_JOBS at a time (bg).
 	oracle=$(tests_of soak)
-	bg "e2e-${RSM_CEPH:-reef}" e2e/run-e2e.sh -skip "$oracle"
+	k8s=$(tests_of k8s)
+	bg "e2e-${RSM_CEPH:-reef}" e2e/run-e2e.sh -skip "$oracle|$k8s"
 	bg pods env ${image:+RSM_IMAGE_BUILT="$image"} e2e/run-pods.sh
 	bg "e2e-${RSM_CEPH:-reef}-oracle" env RSM_K8S=0 e2e/netns.sh e2e/run-e2e.sh -run "$oracle"
+	bg "e2e-${RSM_CEPH:-reef}-k8s" k8s_apart "$k8s"
 	legs
 	bg image env ${image:+RSM_IMAGE_BUILT="$image"} e2e/image-build-test.sh
 	join || rc=$?

@@ -12,8 +12,8 @@ import (
 
 // matrixLists are the lists of e2e/matrix.txt, each one go test -run
 // regex that dev.sh builds: matrix and cross for ./dev.sh matrix, soak for
-// ./dev.sh soak.
-var matrixLists = []string{"matrix", "cross", "soak"}
+// ./dev.sh soak, k8s for ./dev.sh test's e2e-reef-k8s phase.
+var matrixLists = []string{"matrix", "cross", "soak", "k8s"}
 
 // TestMatrixNames checks e2e/matrix.txt, from which dev.sh builds the
 // regexes of the tests it runs by name: each name is a func TestX(t

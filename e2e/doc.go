@@ -40,9 +40,10 @@
 // RSM_CEPH the cluster's release (./dev.sh matrix).
 //
 // What CI runs (.ci/run: ./dev.sh test, then ./dev.sh bench): every test
-// of the index below on reef, the benchmark's skipped (in two runs side
-// by side, each with a cluster of its own: the soak list's oracle tests,
-// and the rest; the pods tests in a third, ./dev.sh pods); the tests of
+// of the index below on reef, the benchmark's skipped (in three runs,
+// each with a cluster of its own: the soak list's oracle tests, the k8s
+// list's Kubernetes tests, and the rest; the pods tests in a fourth,
+// ./dev.sh pods); the tests of
 // e2e/matrix.txt's matrix list on tentacle, and of its cross list with
 // reef's librbd on a tentacle cluster and tentacle's on a reef one
 // (./dev.sh matrix); the tests of the server with the image's entrypoint
