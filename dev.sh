@@ -3,7 +3,7 @@
 # and runs the demo, on Debian 12 as root with only Go and gcc to start with.
 #
 #   ./dev.sh demo     a throwaway Ceph cluster, the server, and real changed blocks
-#   ./dev.sh test     unit tests, then side by side (RSM_JOBS at a time, default
+#   ./dev.sh test     unit tests and, side by side (RSM_JOBS at a time, default
 #                     3), each with a fresh real cluster: the e2e suite on reef
 #                     (in three parts), the matrix (tentacle and cross-version),
 #                     the image, and its pods on a real kubelet; ends with the
@@ -300,32 +300,35 @@ k8s_apart() {
 # them run the matrix's legs, the pods and the image, RSM_JOBS at a time,
 # the longest first (bg); all but e2e-reef and the image's build in a
 # network namespace of their own (e2e/netns.sh, run-pods.sh), so that none
-# meets another's ports or faults. The image is built once, beside the
-# unit tests (image-build), for the pods and the image's test
+# meets another's ports or faults. The unit tests run in one of those
+# slots, beside the reef suite and the pods, so that no phase waits for
+# them; a failure there still fails the run. The image is built once, at
+# the start (image-build), for the pods and the image's test
 # (RSM_IMAGE_BUILT).
 test_all() {
 	local rc=0 oracle k8s v image ib iblog
 	deps
 	prefetch
 	# The image, built once for the image's test and the pods, beside the
-	# unit tests (which leave a core idle part of the time).
+	# first phases.
 	v=$(version)
 	image=localhost/rbd-snapshot-metadata:$v
 	iblog=$(mktemp -t rsm-image-build.XXXXXX.log)
 	phase image-build e2e/buildah.sh build "$image" "$v" >"$iblog" 2>&1 </dev/null &
 	ib=$!
-	phase unit unit
 	phase build build
 	rootfs reef
 	rootfs tentacle
+	oracle=$(tests_of soak)
+	k8s=$(tests_of k8s)
+	# The longest first, RSM_JOBS at a time (bg); the unit tests take one
+	# of the slots, not the whole machine ahead of the others.
+	bg "e2e-${RSM_CEPH:-reef}" e2e/run-e2e.sh -skip "$oracle|$k8s"
+	bg unit unit
 	# Without the image (its build failed), each builds its own and says why.
 	wait "$ib" || { image=; echo "dev: image-build failed; the pods and the image's test build their own:" >&2; }
 	cat "$iblog" >&2
 	rm -f "$iblog"
-	# The longest first, RSM_JOBS at a time (bg).
-	oracle=$(tests_of soak)
-	k8s=$(tests_of k8s)
-	bg "e2e-${RSM_CEPH:-reef}" e2e/run-e2e.sh -skip "$oracle|$k8s"
 	bg pods env ${image:+RSM_IMAGE_BUILT="$image"} e2e/run-pods.sh
 	bg "e2e-${RSM_CEPH:-reef}-oracle" env RSM_K8S=0 e2e/netns.sh e2e/run-e2e.sh -run "$oracle"
 	bg "e2e-${RSM_CEPH:-reef}-k8s" k8s_apart "$k8s"
