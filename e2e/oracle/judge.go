@@ -88,8 +88,9 @@ func (w *Workload) Check(srcs map[string]*rsm.Source, tot *Totals) *Totals {
 				continue
 			}
 			all, dur, st := w.Query(srcs[m.Name], p, q[0], q[1], m.Name, offsets...)
+			walked := st.Candidates == "walk" || st.Candidates == "listing"
 			if m.Name == "precise" {
-				preciseWalked = st.Candidates == "walk" || st.Candidates == "listing"
+				preciseWalked = walked
 			}
 			got := all[0]
 			missed, first := Missed(before, after, got, 0)
@@ -114,7 +115,6 @@ func (w *Workload) Check(srcs map[string]*rsm.Source, tot *Totals) *Totals {
 				if st.ImageFallbackDetail != "" || st.ObjectFallbackCount() != 0 {
 					t.Errorf("%s: not refined: %+v", what, st)
 				}
-				walked := st.Candidates == "walk" || st.Candidates == "listing"
 				if want := w.Walks && m.opts.Walk != rsm.WalkLibrbd; walked != want {
 					t.Errorf("%s: candidates %q, want the walk: %v", what, st.Candidates, want)
 				}

@@ -152,8 +152,11 @@ func (tot *Totals) Table() string {
 			x[0].missed+x[1].missed, (x[0].dur + x[1].dur).Round(time.Millisecond),
 			MiB(x[0].zeros+x[1].zeros), MiB(x[0].same+x[1].same))
 	}
-	if x := tot.Modes[Modes[len(Modes)-1].Name]; x[0].queries+x[1].queries < tot.Queries[0]+tot.Queries[1] {
-		fmt.Fprintf(&b, "(precise mode's walk variants ran where it walked, no usable object map; elsewhere they take its path)\n")
+	for _, m := range Modes {
+		if x := tot.Modes[m.Name]; x[0].queries+x[1].queries < tot.Queries[0]+tot.Queries[1] {
+			fmt.Fprintf(&b, "(precise mode's walk variants ran where it walked, no usable object map; elsewhere they take its path)\n")
+			break
+		}
 	}
 	if len(tot.kinds) > 0 {
 		fmt.Fprintf(&b, "\nper kind of history (a history has several kinds): Allocated / Delta ratio, missed bytes\n| kind | histories | queries | truly changed |")
@@ -177,7 +180,11 @@ func (tot *Totals) Table() string {
 		fmt.Fprintf(&b, "| mode | reported after the offset | ratio | missed bytes | first extent starts before the offset | differs from the offset-0 answer clipped |\n|---|---|---|---|---|---|\n")
 		for _, m := range Modes {
 			x := tot.offsets[m.Name]
-			fmt.Fprintf(&b, "| %s | %s | %.2f× | %d | %d | %d |\n", m.Name, MiB(x.reported), float64(x.reported)/float64(max(x.truth, 1)), x.missed, x.startsBefore, x.differs)
+			ratio := "—" // a walk variant that ran no query from an offset
+			if x.queries > 0 {
+				ratio = fmt.Sprintf("%.2f×", float64(x.reported)/float64(max(x.truth, 1)))
+			}
+			fmt.Fprintf(&b, "| %s | %s | %s | %d | %d | %d |\n", m.Name, MiB(x.reported), ratio, x.missed, x.startsBefore, x.differs)
 		}
 	}
 	if tot.migrations > 0 {
