@@ -113,7 +113,11 @@ else
   done
   set -- -test.timeout 40m "${args[@]}"
   case " $* " in *" -test.run"*) ;; *) set -- -test.run '^TestPods' "$@" ;; esac
-  [ "$report" = 0 ] || set -- -test.v=test2json "$@"
+  if [ "$report" = 1 ]; then
+    set -- -test.v=test2json "$@"
+  elif [ ${#verbose[@]} -gt 0 ]; then
+    set -- -test.v "$@" # no testreport to print every line: the binary does
+  fi
 fi
 log "entering a network namespace of its own (node at $IP)"
 if [ "$report" = 0 ] || [ -n "${RSM_NODE_HOLD:-}" ]; then
