@@ -69,6 +69,44 @@ func relOSDFault(t *testing.T, v harness.RbdVolume, mode string, fault func(*tes
 	if mode == "precise" && !harness.ServerHasPrecision(t, "precise") {
 		t.Skip("the server binary has no --precision=precise")
 	}
+	r := startOSDFault(t, v, mode)
+	q := r.qs[1]
+	q.Max, q.Secrets = 1, harness.CSISecrets(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute) // a hang guard
+	defer cancel()
+	recv, got := r.openStream(t, ctx, q)
+	// Let the server fill the flow control window and wait there.
+	time.Sleep(500 * time.Millisecond)
+	undo := fault(t)
+	t0 := time.Now()
+	var err error
+	for {
+		var resp harness.MetaResponse
+		if resp, err = recv(); err != nil {
+			break
+		}
+		got = append(got, harness.ToPage(resp).Tuples...)
+	}
+	took := time.Since(t0)
+	r.checkFaulted(t, q, got, err, took)
+	undo()
+	harness.WaitClusterIO(t)
+	r.answersAgain(t)
+}
+
+// osdFault is what relOSDFault's steps share: the mode, its server with
+// --resume-budget=0, the Allocated and Delta of the volume and their
+// answers before the fault.
+type osdFault struct {
+	mode string
+	srv  *harness.Server
+	qs   []harness.MetaReq
+	want [][]harness.Span
+}
+
+// startOSDFault starts the server of mode and gets its answers before the
+// fault.
+func startOSDFault(t *testing.T, v harness.RbdVolume, mode string) *osdFault {
 	// --resume-budget=0: the behaviour without resuming, which
 	// reliability_resume_test.go compares with.
 	srv := harness.StartServer(t, "--precision="+mode, "--ceph-op-timeout="+relOpTimeout.String(), "--resume-budget=0")
@@ -77,16 +115,16 @@ func relOSDFault(t *testing.T, v harness.RbdVolume, mode string, fault func(*tes
 	for i := range qs {
 		want[i] = srv.Get(t, qs[i]).Tuples()
 	}
+	return &osdFault{mode: mode, srv: srv, qs: qs, want: want}
+}
 
-	q := qs[1]
-	q.Max, q.Secrets = 1, harness.CSISecrets(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute) // a hang guard
-	defer cancel()
+// openStream opens q on a slow reader and reads its first page.
+func (r *osdFault) openStream(t *testing.T, ctx context.Context, q harness.MetaReq) (func() (harness.MetaResponse, error), []harness.Span) {
 	// A connection of its own with a fixed 64 KiB flow control window (no
 	// BDP growth) and pages of one tuple: the server can send only a few
 	// thousand of the 16k tuples before it waits, so the diff is still
 	// running, with Ceph work left, when the fault comes.
-	recv, err := harness.SlowReader(t, srv.Sock).Open(ctx, q)
+	recv, err := harness.SlowReader(t, r.srv.Sock).Open(ctx, q)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,35 +132,30 @@ func relOSDFault(t *testing.T, v harness.RbdVolume, mode string, fault func(*tes
 	if err != nil {
 		t.Fatalf("%v: first page: %v", q, err)
 	}
-	got := harness.ToPage(resp).Tuples
-	// Let the server fill the flow control window and wait there.
-	time.Sleep(500 * time.Millisecond)
-	undo := fault(t)
-	t0 := time.Now()
-	for {
-		resp, err = recv()
-		if err != nil {
-			break
-		}
-		got = append(got, harness.ToPage(resp).Tuples...)
-	}
-	took := time.Since(t0)
-	t.Logf("%v with the OSD down: %d of %d tuples, then %v, %v after the fault", q, len(got), len(want[1]), err, took.Round(time.Millisecond))
+	return recv, harness.ToPage(resp).Tuples
+}
+
+// checkFaulted checks the stream q, which ended with err took after the
+// fault: non-OK, within relBound of the op timeout, with a prefix of the
+// answer (in precise mode, covering it up to its last tuple).
+func (r *osdFault) checkFaulted(t *testing.T, q harness.MetaReq, got []harness.Span, err error, took time.Duration) {
+	want := r.want[1]
+	t.Logf("%v with the OSD down: %d of %d tuples, then %v, %v after the fault", q, len(got), len(want), err, took.Round(time.Millisecond))
 	if errors.Is(err, io.EOF) {
-		t.Errorf("the stream ended OK with the OSD down (%d of %d tuples); want a non-OK status", len(got), len(want[1]))
+		t.Errorf("the stream ended OK with the OSD down (%d of %d tuples); want a non-OK status", len(got), len(want))
 	}
-	if mode == "exact" {
-		if diff := harness.DiffSpans(want[1][:min(len(got), len(want[1]))], got); diff != "" {
+	if r.mode == "exact" {
+		if diff := harness.DiffSpans(want[:min(len(got), len(want))], got); diff != "" {
 			t.Errorf("the tuples received are not a prefix of the answer: %s", diff)
 		}
 	} else if len(got) > 0 {
 		// Precise mode may fall back to whole objects (more, never less):
 		// what arrived must cover the answer up to its last tuple.
-		if miss := harness.Uncovered(harness.ClipSpans(want[1], 0, harness.SpanEnd(got[len(got)-1])), harness.MergeSpans(got)); len(miss) > 0 {
+		if miss := harness.Uncovered(harness.ClipSpans(want, 0, harness.SpanEnd(got[len(got)-1])), harness.MergeSpans(got)); len(miss) > 0 {
 			t.Errorf("the tuples received miss %d changed bytes before their end", harness.TotalBytes(miss))
 		}
 	}
-	if len(got) >= len(want[1]) && mode == "exact" {
+	if len(got) >= len(want) && r.mode == "exact" {
 		t.Errorf("all %d tuples arrived before the fault: the test proves nothing; make the volume bigger", len(got))
 	}
 	if took > relBound(relOpTimeout) {
@@ -131,44 +164,31 @@ func relOSDFault(t *testing.T, v harness.RbdVolume, mode string, fault func(*tes
 
 	if errors.Is(err, io.EOF) {
 		// Never less than changed, at least?
-		if miss := harness.Uncovered(want[1], harness.MergeSpans(got)); len(miss) > 0 {
+		if miss := harness.Uncovered(want, harness.MergeSpans(got)); len(miss) > 0 {
 			t.Errorf("the OK stream with the OSD down misses %d changed bytes", harness.TotalBytes(miss))
 		}
-		t.Logf("OK with the OSD down: %d tuples covering %d bytes, for %d changed bytes", len(got), harness.TotalBytes(got), harness.TotalBytes(want[1]))
+		t.Logf("OK with the OSD down: %d tuples covering %d bytes, for %d changed bytes", len(got), harness.TotalBytes(got), harness.TotalBytes(want))
 	}
+}
 
-	undo()
-	harness.WaitClusterIO(t)
+// answersAgain checks that the same server, its cached connection,
+// answers as before the fault once the OSD is back (asking again every
+// second for 30 s), and is still running.
+func (r *osdFault) answersAgain(t *testing.T) {
 	// The same server, its cached connection, must answer again once the
 	// OSD is back: librados learns from the monitor that the OSD is up
 	// again (marked down and booted again, or restarted).
 	t1 := time.Now()
 	for attempt := 1; ; attempt++ {
-		failed := false
-		for i, q := range qs {
-			q.Secrets = harness.CSISecrets(t)
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-			m := srv.Call(ctx, q)
-			cancel()
-			switch {
-			case m.Err != nil:
-				failed = true
-				t.Logf("attempt %d, %v after the OSD came back: %v", attempt, q, m.Err)
-			default:
-				if diff := harness.DiffSpans(want[i], m.Tuples()); diff != "" {
-					t.Errorf("%v after the OSD came back: %s", q, diff)
-				}
-			}
-		}
-		if !failed {
+		if !r.attempt(t, attempt) {
 			break
 		}
 		if time.Since(t1) > 30*time.Second {
 			// Is it the cached connection? Another user makes a new one.
-			q := qs[1]
+			q := r.qs[1]
 			q.Secrets = map[string]string{"userID": harness.ClusterEnv(t, "CEPH_USER"), "userKey": harness.ClusterEnv(t, "CEPH_KEY")}
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-			m := srv.Call(ctx, q)
+			m := r.srv.Call(ctx, q)
 			cancel()
 			t.Fatalf("the server still fails 30 s after the OSD came back; through a new connection (user admin): %d tuples, %v\n%s",
 				len(m.Tuples()), m.Err, harness.ClusterState(t))
@@ -176,9 +196,30 @@ func relOSDFault(t *testing.T, v harness.RbdVolume, mode string, fault func(*tes
 		time.Sleep(time.Second)
 	}
 	t.Logf("the server answers as before the fault %v after the OSD came back", time.Since(t1).Round(time.Millisecond))
-	if !srv.Running() {
+	if !r.srv.Running() {
 		t.Fatalf("the server exited")
 	}
+}
+
+// attempt asks the server for both answers once; it reports whether a
+// request failed (an answer that differs is an error of the test).
+func (r *osdFault) attempt(t *testing.T, attempt int) (failed bool) {
+	for i, q := range r.qs {
+		q.Secrets = harness.CSISecrets(t)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		m := r.srv.Call(ctx, q)
+		cancel()
+		switch {
+		case m.Err != nil:
+			failed = true
+			t.Logf("attempt %d, %v after the OSD came back: %v", attempt, q, m.Err)
+		default:
+			if diff := harness.DiffSpans(r.want[i], m.Tuples()); diff != "" {
+				t.Errorf("%v after the OSD came back: %s", q, diff)
+			}
+		}
+	}
+	return failed
 }
 
 // relMonitors: a cluster ID whose monitor address has no listener, and the
