@@ -543,6 +543,8 @@ func (r *benchReport) table(image string, runs int, modes []*benchMode) {
 
 // ----------------------------------------------------------------- the test --
 
+// TestBench is the benchmark the top of this file describes: a table per
+// image and measure, printed once all ran.
 func TestBench(t *testing.T) {
 	if os.Getenv("RSM_BENCH") != "1" {
 		t.Skip("the benchmark runs with RSM_BENCH=1 (e2e/run-bench.sh, ./dev.sh bench)")
@@ -551,14 +553,47 @@ func TestBench(t *testing.T) {
 	conn := harness.ConnectAdmin(t)
 	secrets := harness.CSISecrets(t)
 	rep := &benchReport{}
+	benchHeader(rep, sc)
+
+	// A small image: warms each server's cluster connection, and measures
+	// the latency of small diffs.
+	smallReq := benchSmallImage(t, conn, secrets)
+	warm := func(modes []*benchMode) { benchWarm(t, smallReq, modes) }
+
+	// ---- many extents, exact ----
+	exact, req := benchExact(t, rep, sc, conn, secrets, warm)
+
+	// ---- large and sparse, whole objects ----
+	preq, truth := benchWhole(t, rep, sc, conn, secrets, warm)
+
+	// ---- precision ----
+	benchPrecision(t, rep, sc, preq(0), truth, warm)
+
+	// ---- connection reuse ----
+	benchConnReuse(t, rep, sc, smallReq)
+
+	// ---- concurrency ----
+	benchConcurrent(t, rep, sc, req(0), exact)
+
+	// ---- targets ----
+	benchTargets(rep, sc, exact)
+
+	benchOutput(t, rep)
+}
+
+// benchHeader prints the report's first lines: the scale, the host and
+// its load, and what (a), (b) and (c) are.
+func benchHeader(rep *benchReport, sc benchScale) {
 	host, _ := os.Hostname()
 	load, _ := os.ReadFile("/proc/loadavg")
 	rep.printf("rbd-snapshot-metadata benchmark, scale %s, %d timed runs per mode; host %s, %d CPUs, load average %s",
 		sc.name, sc.runs, host, runtime.NumCPU(), strings.Join(strings.Fields(string(load))[:3], " "))
 	rep.printf("\n(a) in-process go-ceph Open + DiffIterateByID; (b) `rbd diff --format json` (a process); (c) the server binary through package client over its unix socket\n")
+}
 
-	// A small image: warms each server's cluster connection, and measures
-	// the latency of small diffs.
+// benchSmallImage makes a small image, 16 objects changed between its two
+// snapshots, and returns the request for their Delta.
+func benchSmallImage(t *testing.T, conn *rados.Conn, secrets map[string]string) client.Request {
 	small, smallImg := harness.CreateVolume(t, conn, "", "bench-small", 64*harness.MiB, harness.ImageFeatures)
 	for i := uint64(0); i < 16; i++ {
 		harness.FillAt(t, smallImg, i*harness.ObjSize+i*4096, 4096)
@@ -568,16 +603,21 @@ func TestBench(t *testing.T) {
 		harness.FillAt(t, smallImg, i*harness.ObjSize+(i+100)*4096, 4096)
 	}
 	harness.Snapshot(t, smallImg, "s2")
-	smallReq := client.Request{Base: small.ID("s1"), Target: small.ID("s2"), Secrets: secrets}
-	warm := func(modes []*benchMode) {
-		for _, m := range modes {
-			if m.srv != nil {
-				benchStream(t, m.srv, smallReq, false)
-			}
+	return client.Request{Base: small.ID("s1"), Target: small.ID("s2"), Secrets: secrets}
+}
+
+// benchWarm streams req, untimed, on the server of each mode that has one.
+func benchWarm(t *testing.T, req client.Request, modes []*benchMode) {
+	for _, m := range modes {
+		if m.srv != nil {
+			benchStream(t, m.srv, req, false)
 		}
 	}
+}
 
-	// ---- many extents, exact ----
+// benchExact measures the striped image's Delta of many exact extents in
+// each mode and prints its table; it returns the modes and the request.
+func benchExact(t *testing.T, rep *benchReport, sc benchScale, conn *rados.Conn, secrets map[string]string, warm func([]*benchMode)) ([]*benchMode, func(int32) client.Request) {
 	t0 := time.Now()
 	sv, from, to := benchStriped(t, conn, sc.sets)
 	t.Logf("striped image %s: %d writes, %d extents, in %v", sv.Spec(), sc.sets, sc.sets*1024, time.Since(t0).Round(time.Millisecond))
@@ -606,9 +646,14 @@ func TestBench(t *testing.T) {
 	warm(exact)
 	benchModes(t, "striped image", sc.runs, exact)
 	rep.table(fmt.Sprintf("Delta of %d extents (%s, %s, fancy striping, --precision=exact)", exact[0].runs[0].extents, sv.Spec(), fmtBytes(int64(sc.sets*8*harness.MiB))), sc.runs, exact)
+	return exact, req
+}
 
-	// ---- large and sparse, whole objects ----
-	t0 = time.Now()
+// benchWhole measures the large sparse image's Delta, whole objects, in
+// each mode and prints its table; it returns its request and the bytes
+// that changed.
+func benchWhole(t *testing.T, rep *benchReport, sc benchScale, conn *rados.Conn, secrets map[string]string, warm func([]*benchMode)) (func(int32) client.Request, []harness.Span) {
+	t0 := time.Now()
 	pv, pfrom, pto, truth := benchSparse(t, conn, sc.sparseSize, sc.writes)
 	preq := func(max int32) client.Request {
 		return client.Request{Base: pv.ID("s1"), Target: pv.ID("s2"), MaxResults: max, Secrets: secrets}
@@ -626,19 +671,11 @@ func TestBench(t *testing.T) {
 	sparseName := fmt.Sprintf("%s (%s, fast-diff, %d objects, %d of them changed)", fmtBytes(int64(sc.sparseSize)), pv.Spec(), sc.sparseSize/harness.ObjSize, sc.writes)
 	rep.table("Delta of the "+sparseName+", whole objects (--precision=object)", sc.runs, whole)
 	t.Logf("sparse image set up in %v", time.Since(t0).Round(time.Millisecond))
+	return preq, truth
+}
 
-	// ---- precision ----
-	benchPrecision(t, rep, sc, preq(0), truth, warm)
-
-	// ---- connection reuse ----
-	benchConnReuse(t, rep, sc, smallReq)
-
-	// ---- concurrency ----
-	benchConcurrent(t, rep, sc, req(0), exact)
-
-	// ---- targets ----
-	benchTargets(rep, sc, exact)
-
+// benchOutput prints the report, and writes it to RSM_BENCH_OUT if set.
+func benchOutput(t *testing.T, rep *benchReport) {
 	fmt.Print("\n" + rep.b.String() + "\n")
 	if out := os.Getenv("RSM_BENCH_OUT"); out != "" {
 		if err := os.WriteFile(out, []byte(rep.b.String()), 0o644); err != nil {

@@ -181,20 +181,58 @@ stringData: {userID: csi-rbd-node, userKey: AQDBWEdpAAAAABAAn7LrKEzaVYxsfp2YFI3Q
 	}
 }
 
+// testOperatorRoute follows route r from the operator's install to
+// deploy/README.md's commands, and checks what the operator wrote, after a
+// reconcile and after each upgrade the route has.
 func testOperatorRoute(t *testing.T, bin string, r opRoute) {
 	t0 := time.Now()
 	k := kube.StartControlPlane(t)
-	tmp := t.TempDir()
+	rr := &opRouteRun{k: k, r: r, bin: bin, tmp: t.TempDir()}
 
 	// The operator's install, as its docs say; its manager runs here as a
 	// process with the Deployment's arguments, environment and
 	// ServiceAccount (so the manifest's RBAC is what it gets).
+	rr.createManifests(t)
+	rr.startManager(t)
+	rr.createObjects(t)
+
+	// deploy/README.md's route, as written.
+	rr.followReadme(t)
+
+	// The Driver's next reconcile: a change to it, then an operator restart.
+	rr.reconcileAndCheck(t)
+	rr.upgrades(t)
+	t.Logf("%s: %.1fs", r.name, time.Since(t0).Seconds())
+}
+
+// opRouteRun is what testOperatorRoute's steps share: the control plane,
+// the route, e2e/k8s/k8s.sh csi-operator's folder, a temporary folder, the
+// operator's manager, its Driver's ctrlplugin and the repository's root.
+type opRouteRun struct {
+	k    *kube.Env
+	r    opRoute
+	bin  string
+	tmp  string
+	op   *csiOperator
+	ctrl string
+	root string
+}
+
+// createManifests: kubectl create -f of the route's manifests.
+func (rr *opRouteRun) createManifests(t *testing.T) {
 	// One file at a time, each file's CRDs established before the next
 	// one's objects (Rook's operator.yaml holds Driver CRs).
-	for _, m := range r.manifests {
-		k.Kubectl(t, "create", "-f", m)
-		k.Kubectl(t, "wait", "--for=condition=Established", "crd", "--all", "--timeout=120s")
+	for _, m := range rr.r.manifests {
+		rr.k.Kubectl(t, "create", "-f", m)
+		rr.k.Kubectl(t, "wait", "--for=condition=Established", "crd", "--all", "--timeout=120s")
 	}
+}
+
+// startManager: the operator's manager as a process, with its
+// Deployment's arguments, environment and ServiceAccount; the
+// Deployments themselves deleted.
+func (rr *opRouteRun) startManager(t *testing.T) {
+	k, r := rr.k, rr.r
 	var dep struct {
 		Spec struct {
 			Template struct {
@@ -238,19 +276,29 @@ func testOperatorRoute(t *testing.T, bin string, r opRoute) {
 	margs := slices.DeleteFunc(slices.Clone(mc.Args), func(a string) bool { return a == "--leader-elect" })
 	margs = append(margs, "--metrics-bind-address=0", fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", k.Ports.Health))
 	t.Logf("manager %v, env %v", margs, env[:1])
-	op := startOperator(t, k, bin, margs, env)
+	rr.op = startOperator(t, k, rr.bin, margs, env)
+}
 
-	k.Kubectl(t, "create", "-f", writeTmp(t, tmp, "objects.yaml", r.objects))
-	ctrl := r.driver + "-ctrlplugin"
-	harness.WaitFor(t, "the operator's "+ctrl+" and nodeplugin", 3*time.Minute, func() bool {
-		_, e1 := k.KubectlQuiet("-n", r.ns, "get", "deployment", ctrl)
+// createObjects: the user's (or Rook's) objects; the operator then writes
+// the Driver's ctrlplugin and nodeplugin and a ceph-csi-config naming the
+// monitors.
+func (rr *opRouteRun) createObjects(t *testing.T) {
+	k, r := rr.k, rr.r
+	k.Kubectl(t, "create", "-f", writeTmp(t, rr.tmp, "objects.yaml", r.objects))
+	rr.ctrl = r.driver + "-ctrlplugin"
+	harness.WaitFor(t, "the operator's "+rr.ctrl+" and nodeplugin", 3*time.Minute, func() bool {
+		_, e1 := k.KubectlQuiet("-n", r.ns, "get", "deployment", rr.ctrl)
 		_, e2 := k.KubectlQuiet("-n", r.ns, "get", "daemonset", r.driver+"-nodeplugin")
 		out, e3 := k.KubectlQuiet("-n", r.ns, "get", "configmap", "ceph-csi-config", "-o", "jsonpath={.data.config\\.json}")
 		return e1 == nil && e2 == nil && e3 == nil && strings.Contains(out, r.monitors[0])
 	})
+}
 
-	// deploy/README.md's route, as written.
-	root := filepath.Dir(deployTree(t))
+// followReadme runs the commands of the route's part of
+// deploy/README.md, its placeholders filled, from the repository's root.
+func (rr *opRouteRun) followReadme(t *testing.T) {
+	k, r := rr.k, rr.r
+	rr.root = filepath.Dir(deployTree(t))
 	if r.helmUpgrade != nil {
 		// helm built (RSM_HELM_BIN), or a failure that says why.
 		k.Helm(t, "version", "--short")
@@ -262,29 +310,37 @@ func testOperatorRoute(t *testing.T, bin string, r opRoute) {
 		if regexp.MustCompile(`<[a-z][^>]*>`).MatchString(cmd) {
 			t.Fatalf("deploy/README.md's command has a placeholder the test does not fill: %s", cmd)
 		}
-		sh(t, k, root, cmd)
+		sh(t, k, rr.root, cmd)
 	}
+}
 
-	// The Driver's next reconcile: a change to it, then an operator restart.
-	op.touch(t, r)
-	op = op.restart(t)
-	op.waitReconciled(t, r.driver, 0)
-	op.quiet(t, r.driver)
+// reconcileAndCheck: a change to the Driver, then an operator restart,
+// and once it is reconciled, what the operator wrote (checkOperatorWrote).
+func (rr *opRouteRun) reconcileAndCheck(t *testing.T) {
+	r := rr.r
+	rr.op.touch(t, r)
+	rr.op = rr.op.restart(t)
+	rr.op.waitReconciled(t, r.driver, 0)
+	rr.op.quiet(t, r.driver)
 
-	report := checkOperatorWrote(t, k, r)
-	t.Logf("%s: what the operator wrote into %s:\n%s", r.name, ctrl, report)
+	report := checkOperatorWrote(t, rr.k, r)
+	t.Logf("%s: what the operator wrote into %s:\n%s", r.name, rr.ctrl, report)
+}
 
+// upgrades: the route's upgrades, if it has any (the installer's manifest
+// applied again, a helm upgrade of our release), each checked after.
+func (rr *opRouteRun) upgrades(t *testing.T) {
+	k, r := rr.k, rr.r
 	if r.reapply != "" {
 		// An upgrade of the installer's manifest, client-side as its docs
 		// do, over the Driver our recipe patched; then a reconcile.
 		k.Kubectl(t, "apply", "-f", r.reapply)
-		op.touch(t, r)
+		rr.op.touch(t, r)
 		checkOperatorWrote(t, k, r)
 	}
 	if r.helmUpgrade != nil {
-		checkHelmUpgrade(t, k, r, op, filepath.Join(root, "deploy/helm/rbd-snapshot-metadata"))
+		checkHelmUpgrade(t, k, r, rr.op, filepath.Join(rr.root, "deploy/helm/rbd-snapshot-metadata"))
 	}
-	t.Logf("%s: %.1fs", r.name, time.Since(t0).Seconds())
 }
 
 // checkHelmUpgrade upgrades our release with changed values (--reuse-values,

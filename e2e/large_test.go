@@ -125,121 +125,160 @@ func TestMillionExtents(t *testing.T) {
 	v, want := stripedMillion(t)
 	// librbd's own extents: an object new since the base is reported whole.
 	srv := harness.StartServer(t, "--precision=exact")
+	mr := &millionRun{v: v, want: want, srv: srv}
 
-	t.Run("delta-memory", func(t *testing.T) {
-		checkStreamMemory(t, srv, harness.MetaReq{Base: v.ID("s1"), Target: v.ID("s2")}, want)
-	})
-	t.Run("allocated-memory", func(t *testing.T) {
-		checkStreamMemory(t, srv, harness.MetaReq{Target: v.ID("s2")}, want)
-	})
-	t.Run("cancel-after-first-page", func(t *testing.T) {
-		cancelAfterFirstPage(t, srv, harness.MetaReq{Base: v.ID("s1"), Target: v.ID("s2"), Max: 1000}, want)
-	})
-	t.Run("sigterm-grace-lets-stream-finish", func(t *testing.T) {
-		s := harness.StartServer(t, "--precision=exact", "--grace-period=60s")
-		r := harness.MetaReq{Base: v.ID("s1"), Target: v.ID("s2"), Secrets: harness.CSISecrets(t)}
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		recv, resp := openFirstPage(ctx, t, s, r)
-		s.Sigterm(t)
-		time.Sleep(200 * time.Millisecond)
-		got := harness.ToPage(resp).Tuples
-		for {
-			resp, err := recv()
-			if err != nil {
-				if !errors.Is(err, io.EOF) {
-					t.Fatalf("%v: after SIGTERM, within the grace period: %v after %d tuples", r, err, len(got))
-				}
-				break
+	t.Run("delta-memory", mr.deltaMemory)
+	t.Run("allocated-memory", mr.allocatedMemory)
+	t.Run("cancel-after-first-page", mr.cancelAfterFirstPage)
+	t.Run("sigterm-grace-lets-stream-finish", mr.sigtermGraceLetsStreamFinish)
+	t.Run("sigterm-grace-over-cancels-stream", mr.sigtermGraceOverCancelsStream)
+	t.Run("huge-max-results", mr.hugeMaxResults)
+	t.Run("precise", mr.precise)
+	t.Run("concurrent", mr.concurrent)
+}
+
+// millionRun is what TestMillionExtents' steps share: the striped volume
+// (stripedMillion), its 2^20 extents and the exact server.
+type millionRun struct {
+	v    harness.RbdVolume
+	want []harness.Span
+	srv  *harness.Server
+}
+
+// deltaMemory: the Delta streams its 2^20 extents without the server's
+// RSS growing by more than maxStreamGrowthKiB.
+func (mr *millionRun) deltaMemory(t *testing.T) {
+	checkStreamMemory(t, mr.srv, harness.MetaReq{Base: mr.v.ID("s1"), Target: mr.v.ID("s2")}, mr.want)
+}
+
+// allocatedMemory: the same for the Allocated.
+func (mr *millionRun) allocatedMemory(t *testing.T) {
+	checkStreamMemory(t, mr.srv, harness.MetaReq{Target: mr.v.ID("s2")}, mr.want)
+}
+
+// cancelAfterFirstPage: a Delta cancelled after its first page
+// (cancelAfterFirstPage).
+func (mr *millionRun) cancelAfterFirstPage(t *testing.T) {
+	cancelAfterFirstPage(t, mr.srv, harness.MetaReq{Base: mr.v.ID("s1"), Target: mr.v.ID("s2"), Max: 1000}, mr.want)
+}
+
+// sigtermGraceLetsStreamFinish: a stream open at SIGTERM ends whole
+// within --grace-period, and the server then exits with status 0.
+func (mr *millionRun) sigtermGraceLetsStreamFinish(t *testing.T) {
+	s := harness.StartServer(t, "--precision=exact", "--grace-period=60s")
+	r := harness.MetaReq{Base: mr.v.ID("s1"), Target: mr.v.ID("s2"), Secrets: harness.CSISecrets(t)}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	recv, resp := openFirstPage(ctx, t, s, r)
+	s.Sigterm(t)
+	time.Sleep(200 * time.Millisecond)
+	got := harness.ToPage(resp).Tuples
+	for {
+		resp, err := recv()
+		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				t.Fatalf("%v: after SIGTERM, within the grace period: %v after %d tuples", r, err, len(got))
 			}
-			got = append(got, harness.ToPage(resp).Tuples...)
+			break
 		}
-		if diff := harness.DiffSpans(want, got); diff != "" {
-			t.Errorf("stream across SIGTERM: %s", diff)
+		got = append(got, harness.ToPage(resp).Tuples...)
+	}
+	if diff := harness.DiffSpans(mr.want, got); diff != "" {
+		t.Errorf("stream across SIGTERM: %s", diff)
+	}
+	if err, ok := s.Wait(20 * time.Second); !ok || err != nil {
+		t.Errorf("after SIGTERM and the last stream: exited %t, %v; want exit status 0", ok, err)
+	}
+}
+
+// sigtermGraceOverCancelsStream: a stream that does not move at SIGTERM
+// is cancelled when --grace-period ends, not answered OK cut short, and
+// the server exits with status 0.
+func (mr *millionRun) sigtermGraceOverCancelsStream(t *testing.T) {
+	s := harness.StartServer(t, "--precision=exact", "--grace-period=1s")
+	r := harness.MetaReq{Base: mr.v.ID("s1"), Target: mr.v.ID("s2"), Secrets: harness.CSISecrets(t)}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	recv, resp := openFirstPage(ctx, t, s, r)
+	t0 := time.Now()
+	s.Sigterm(t)
+	// The client reads nothing more: the server blocks on a full
+	// window until the grace period ends, then cancels the stream.
+	if err, ok := s.Wait(20 * time.Second); !ok || err != nil {
+		t.Fatalf("after SIGTERM, a stream that does not move: exited %t, %v; want exit status 0 after the 1 s grace period", ok, err)
+	}
+	t.Logf("exited %v after SIGTERM", time.Since(t0).Round(time.Millisecond))
+	n := len(resp.GetBlockMetadata())
+	var err error
+	for {
+		resp, err = recv()
+		if err != nil {
+			break
 		}
-		if err, ok := s.Wait(20 * time.Second); !ok || err != nil {
-			t.Errorf("after SIGTERM and the last stream: exited %t, %v; want exit status 0", ok, err)
+		n += len(resp.GetBlockMetadata())
+	}
+	if errors.Is(err, io.EOF) && n != len(mr.want) {
+		t.Errorf("the stream cut by the end of the grace period ended with OK after %d of %d tuples", n, len(mr.want))
+	}
+	t.Logf("the client got %d of %d tuples, then %v", n, len(mr.want), err)
+}
+
+// hugeMaxResults: a max_results of MaxInt32 is answered in pages.
+func (mr *millionRun) hugeMaxResults(t *testing.T) {
+	// 2^20 tuples in one message would be over gRPC's 4 MiB limit:
+	// the server must page them anyway.
+	m := mr.srv.Get(t, harness.MetaReq{Target: mr.v.ID("s2"), Max: math.MaxInt32})
+	if diff := harness.DiffSpans(mr.want, m.Tuples()); diff != "" {
+		t.Errorf("max_results %d: %s", int32(math.MaxInt32), diff)
+	}
+	t.Logf("max_results %d: %d pages", int32(math.MaxInt32), len(m.Pages))
+}
+
+// precise: precise mode answers the 1024 bytes that changed (checkPrecise).
+func (mr *millionRun) precise(t *testing.T) {
+	// What really changed: one byte at the end of 1024 objects.
+	var truth []harness.Span
+	for i := 1023; i < len(mr.want); i += 1024 {
+		truth = append(truth, harness.Span{Offset: harness.SpanEnd(mr.want[i]) - 1, Length: 1})
+	}
+	checkPrecise(t, harness.MetaReq{Base: mr.v.ID("s1"), Target: mr.v.ID("s2")}, truth)
+}
+
+// concurrent: three streams at once are each answered whole and right.
+func (mr *millionRun) concurrent(t *testing.T) {
+	v, want, srv := mr.v, mr.want, mr.srv
+	// Three streams at once share one cluster connection.
+	reqs := []harness.MetaReq{
+		{Base: v.ID("s1"), Target: v.ID("s2")},
+		{Target: v.ID("s2"), Max: 4096},
+		{Base: v.ID("s1"), Target: v.ID("s2"), Start: int64(want[len(want)/2].Offset) + 1},
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	var wg sync.WaitGroup
+	got := make([]harness.MetaStream, len(reqs))
+	t0 := time.Now()
+	for i := range reqs {
+		reqs[i].Secrets = harness.CSISecrets(t)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got[i] = srv.Call(ctx, reqs[i])
+		}()
+	}
+	wg.Wait()
+	t.Logf("%d concurrent streams in %v", len(reqs), time.Since(t0).Round(time.Millisecond))
+	for i, r := range reqs {
+		if got[i].Err != nil {
+			t.Errorf("%v: %v", r, got[i].Err)
+			continue
 		}
-	})
-	t.Run("sigterm-grace-over-cancels-stream", func(t *testing.T) {
-		s := harness.StartServer(t, "--precision=exact", "--grace-period=1s")
-		r := harness.MetaReq{Base: v.ID("s1"), Target: v.ID("s2"), Secrets: harness.CSISecrets(t)}
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		recv, resp := openFirstPage(ctx, t, s, r)
-		t0 := time.Now()
-		s.Sigterm(t)
-		// The client reads nothing more: the server blocks on a full
-		// window until the grace period ends, then cancels the stream.
-		if err, ok := s.Wait(20 * time.Second); !ok || err != nil {
-			t.Fatalf("after SIGTERM, a stream that does not move: exited %t, %v; want exit status 0 after the 1 s grace period", ok, err)
+		harness.CheckStream(t, r, got[i], srv.BlockType(), srv.FixedSize())
+		w := harness.ClipSpans(want, r.Start, 1<<62)
+		if diff := harness.DiffSpans(w, got[i].Tuples()); diff != "" {
+			t.Errorf("%v: %s", r, diff)
 		}
-		t.Logf("exited %v after SIGTERM", time.Since(t0).Round(time.Millisecond))
-		n := len(resp.GetBlockMetadata())
-		var err error
-		for {
-			resp, err = recv()
-			if err != nil {
-				break
-			}
-			n += len(resp.GetBlockMetadata())
-		}
-		if errors.Is(err, io.EOF) && n != len(want) {
-			t.Errorf("the stream cut by the end of the grace period ended with OK after %d of %d tuples", n, len(want))
-		}
-		t.Logf("the client got %d of %d tuples, then %v", n, len(want), err)
-	})
-	t.Run("huge-max-results", func(t *testing.T) {
-		// 2^20 tuples in one message would be over gRPC's 4 MiB limit:
-		// the server must page them anyway.
-		m := srv.Get(t, harness.MetaReq{Target: v.ID("s2"), Max: math.MaxInt32})
-		if diff := harness.DiffSpans(want, m.Tuples()); diff != "" {
-			t.Errorf("max_results %d: %s", int32(math.MaxInt32), diff)
-		}
-		t.Logf("max_results %d: %d pages", int32(math.MaxInt32), len(m.Pages))
-	})
-	t.Run("precise", func(t *testing.T) {
-		// What really changed: one byte at the end of 1024 objects.
-		var truth []harness.Span
-		for i := 1023; i < len(want); i += 1024 {
-			truth = append(truth, harness.Span{Offset: harness.SpanEnd(want[i]) - 1, Length: 1})
-		}
-		checkPrecise(t, harness.MetaReq{Base: v.ID("s1"), Target: v.ID("s2")}, truth)
-	})
-	t.Run("concurrent", func(t *testing.T) {
-		// Three streams at once share one cluster connection.
-		reqs := []harness.MetaReq{
-			{Base: v.ID("s1"), Target: v.ID("s2")},
-			{Target: v.ID("s2"), Max: 4096},
-			{Base: v.ID("s1"), Target: v.ID("s2"), Start: int64(want[len(want)/2].Offset) + 1},
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		var wg sync.WaitGroup
-		got := make([]harness.MetaStream, len(reqs))
-		t0 := time.Now()
-		for i := range reqs {
-			reqs[i].Secrets = harness.CSISecrets(t)
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				got[i] = srv.Call(ctx, reqs[i])
-			}()
-		}
-		wg.Wait()
-		t.Logf("%d concurrent streams in %v", len(reqs), time.Since(t0).Round(time.Millisecond))
-		for i, r := range reqs {
-			if got[i].Err != nil {
-				t.Errorf("%v: %v", r, got[i].Err)
-				continue
-			}
-			harness.CheckStream(t, r, got[i], srv.BlockType(), srv.FixedSize())
-			w := harness.ClipSpans(want, r.Start, 1<<62)
-			if diff := harness.DiffSpans(w, got[i].Tuples()); diff != "" {
-				t.Errorf("%v: %s", r, diff)
-			}
-		}
-	})
+	}
 }
 
 // cancelAfterFirstPage cancels a stream once its first page has arrived,

@@ -30,6 +30,43 @@ import (
 // librados; a second cluster on IPv6 loopback, on Ceph's default ports 3300
 // and 6789, covers the default-port and IPv6 forms.
 func TestMonitorForms(t *testing.T) {
+	r := &monFormsRun{forms: testClusterForms(t)}
+	r.addIPv6Forms(t)
+	// One image with data on each cluster, and a config with a cluster ID
+	// per form.
+	r.images(t)
+	r.startServer(t)
+	checkMonFormResults(t, r.callAll(t))
+}
+
+// monForm is one way of naming the monitors in config.json.
+type monForm struct {
+	name     string
+	monitors []string
+	cluster  *harness.ExtraCluster // nil: the test cluster
+}
+
+// monFormResult is one request's answer: the form and credentials it
+// used, the code it wants, its stream and how long it took.
+type monFormResult struct {
+	name    string
+	want    codes.Code
+	m       harness.MetaStream
+	elapsed time.Duration
+}
+
+// monFormsRun is what TestMonitorForms' steps share: the forms, the IPv6
+// cluster, the volume with data on each cluster and the server.
+type monFormsRun struct {
+	forms       []monForm
+	six         *harness.ExtraCluster
+	vol, sixVol harness.RbdVolume
+	srv         *harness.Server
+}
+
+// testClusterForms: the forms that name the test cluster's monitor, on its
+// non-default ports, beside one where nothing listens.
+func testClusterForms(t *testing.T) []monForm {
 	m := regexp.MustCompile(`^\[v2:127\.0\.0\.1:(\d+),v1:127\.0\.0\.1:(\d+)\]$`).
 		FindStringSubmatch(harness.ClusterEnv(t, "CEPH_MON_HOST"))
 	if m == nil {
@@ -38,12 +75,7 @@ func TestMonitorForms(t *testing.T) {
 	v2, v1 := "127.0.0.1:"+m[1], "127.0.0.1:"+m[2]
 	down := closedAddr(t)
 
-	type form struct {
-		name     string
-		monitors []string
-		cluster  *harness.ExtraCluster // nil: the test cluster
-	}
-	forms := []form{
+	return []monForm{
 		{"bare, non-default port speaking v1", []string{v1}, nil},
 		{"bare, non-default port speaking msgr2", []string{v2}, nil},
 		{"v1: typed", []string{"v1:" + v1}, nil},
@@ -56,38 +88,49 @@ func TestMonitorForms(t *testing.T) {
 		{"host name on the msgr2 port", []string{"localhost:" + m[1]}, nil},
 		{"host name on the v1 port", []string{"localhost:" + m[2]}, nil},
 	}
+}
+
+// addIPv6Forms starts the IPv6 cluster and adds the forms that name it;
+// the host name form only where ::1 has one.
+func (r *monFormsRun) addIPv6Forms(t *testing.T) {
 	six := startIPv6Cluster(t)
-	forms = append(forms,
-		form{"IPv6, bare on 6789 (v1)", []string{"[::1]:6789"}, six},
-		form{"IPv6, bare on 3300 (msgr2)", []string{"[::1]:3300"}, six},
-		form{"IPv6, no port (3300 and 6789)", []string{"::1"}, six},
-		form{"IPv6, no port, bracketed", []string{"[::1]"}, six},
-		form{"IPv6, typed v2", []string{"v2:[::1]:3300"}, six},
-		form{"IPv6, addrvec", []string{"[v2:[::1]:3300,v1:[::1]:6789]"}, six},
-		form{"IPv6, host name on 6789", []string{"ip6-localhost:6789"}, six},
+	r.six = six
+	r.forms = append(r.forms,
+		monForm{"IPv6, bare on 6789 (v1)", []string{"[::1]:6789"}, six},
+		monForm{"IPv6, bare on 3300 (msgr2)", []string{"[::1]:3300"}, six},
+		monForm{"IPv6, no port (3300 and 6789)", []string{"::1"}, six},
+		monForm{"IPv6, no port, bracketed", []string{"[::1]"}, six},
+		monForm{"IPv6, typed v2", []string{"v2:[::1]:3300"}, six},
+		monForm{"IPv6, addrvec", []string{"[v2:[::1]:3300,v1:[::1]:6789]"}, six},
+		monForm{"IPv6, host name on 6789", []string{"ip6-localhost:6789"}, six},
 	)
 	if _, err := net.LookupHost("ip6-localhost"); err != nil {
 		// Debian's /etc/hosts names ::1 so; a rootfs without it cannot test it.
-		forms = forms[:len(forms)-1]
+		r.forms = r.forms[:len(r.forms)-1]
 		t.Logf("no host name for ::1 (%v): that form is not tested", err)
 	}
+}
 
-	// One image with data on each cluster, and a config with a cluster ID
-	// per form.
+// images: one image with data, and its snapshot s1, on each cluster.
+func (r *monFormsRun) images(t *testing.T) {
 	conn := harness.ConnectAdmin(t)
 	vol, img := harness.CreateVolume(t, conn, "", "monforms", 8*harness.MiB, harness.ImageFeatures)
 	harness.FillAt(t, img, harness.MiB, 4*harness.KiB)
 	harness.Snapshot(t, img, "s1")
 	// librbd's exclusive lock (a writer's) needs a client address of the
 	// cluster's family; the server opens images read-only and needs none.
-	sixConn := harness.ConnectTo(t, six.Env["CEPH_MON_HOST"], "admin", six.Env["CEPH_KEY"],
+	sixConn := harness.ConnectTo(t, r.six.Env["CEPH_MON_HOST"], "admin", r.six.Env["CEPH_KEY"],
 		[2]string{"ms_bind_ipv6", "true"}, [2]string{"ms_bind_ipv4", "false"})
 	sixVol, sixImg := harness.CreateVolume(t, sixConn, "", "monforms6", 8*harness.MiB, harness.ImageFeatures)
 	harness.FillAt(t, sixImg, 2*harness.MiB, 4*harness.KiB)
 	harness.Snapshot(t, sixImg, "s1")
+	r.vol, r.sixVol = vol, sixVol
+}
 
+// startServer: a config with a cluster ID per form, and a server on it.
+func (r *monFormsRun) startServer(t *testing.T) {
 	var clusters []map[string]any
-	for i, f := range forms {
+	for i, f := range r.forms {
 		clusters = append(clusters, map[string]any{"clusterID": fmt.Sprintf("form%d", i), "monitors": f.monitors})
 	}
 	raw, _ := json.MarshalIndent(clusters, "", "  ")
@@ -97,34 +140,35 @@ func TestMonitorForms(t *testing.T) {
 	}
 	const connectTimeout = 10 * time.Second
 	// Every form's requests at once: more than the default --max-streams.
-	srv := harness.StartServer(t, "--ceph-connect-timeout="+connectTimeout.String(), "--clusterconfig", config, "--max-streams=0")
+	r.srv = harness.StartServer(t, "--ceph-connect-timeout="+connectTimeout.String(), "--clusterconfig", config, "--max-streams=0")
+}
 
-	secrets := func(c *harness.ExtraCluster) map[string]string {
-		if c == nil {
-			return harness.CSISecrets(t)
-		}
-		return map[string]string{"userID": "csi", "userKey": c.Env["CEPH_CSI_KEY"]}
+// monFormSecrets are the CSI user's secrets for cluster c (nil: the test
+// cluster).
+func monFormSecrets(t *testing.T, c *harness.ExtraCluster) map[string]string {
+	if c == nil {
+		return harness.CSISecrets(t)
 	}
-	type result struct {
-		name    string
-		want    codes.Code
-		m       harness.MetaStream
-		elapsed time.Duration
-	}
+	return map[string]string{"userID": "csi", "userKey": c.Env["CEPH_CSI_KEY"]}
+}
+
+// callAll: every form's requests, with the right key, a wrong key and an
+// unknown user, all at once; their answers once all ended.
+func (r *monFormsRun) callAll(t *testing.T) []monFormResult {
 	var (
 		mu      sync.Mutex
-		results []result
+		results []monFormResult
 		wg      sync.WaitGroup
 	)
-	for i, f := range forms {
-		name := vol.Name
+	for i, f := range r.forms {
+		name := r.vol.Name
 		if f.cluster != nil {
-			name = sixVol.Name
+			name = r.sixVol.Name
 		}
 		id := fmt.Sprintf("form%d/%s/%s@s1", i, harness.Pool, name)
-		good := secrets(f.cluster)
+		good := monFormSecrets(t, f.cluster)
 		bad := map[string]string{"userID": good["userID"], "userKey": harness.WrongKey(t, good["userKey"])}
-		srv.Hide = append(srv.Hide, bad["userKey"])
+		r.srv.Hide = append(r.srv.Hide, bad["userKey"])
 		nobody := map[string]string{"userID": harness.UniqueName(t, "nobody"), "userKey": good["userKey"]}
 		for _, c := range []struct {
 			what    string
@@ -141,14 +185,20 @@ func TestMonitorForms(t *testing.T) {
 				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 				defer cancel()
 				t0 := time.Now()
-				got := srv.Call(ctx, harness.MetaReq{Target: id, Secrets: c.secrets})
+				got := r.srv.Call(ctx, harness.MetaReq{Target: id, Secrets: c.secrets})
 				mu.Lock()
-				results = append(results, result{f.name + ", " + c.what + " (" + strings.Join(f.monitors, " ") + ")", c.want, got, time.Since(t0)})
+				results = append(results, monFormResult{f.name + ", " + c.what + " (" + strings.Join(f.monitors, " ") + ")", c.want, got, time.Since(t0)})
 				mu.Unlock()
 			}()
 		}
 	}
 	wg.Wait()
+	return results
+}
+
+// checkMonFormResults: a subtest per request: it got the code it wants
+// (or a login the monitor left unanswered), and a right key's tuples.
+func checkMonFormResults(t *testing.T, results []monFormResult) {
 	for _, r := range results {
 		t.Run(r.name, func(t *testing.T) {
 			if got := codeOf(r.m.Err); got != r.want && !loginUnanswered(t, r.want == codes.Unauthenticated, r.m.Err) {

@@ -207,128 +207,179 @@ func TestPreciseFormat1(t *testing.T) {
 func TestPreciseMigration(t *testing.T) {
 	conn := harness.ConnectAdmin(t)
 	ioctx := harness.OpenIOContext(t, conn, harness.Pool, "")
-	srcs := oracle.Sources(t)
-	refused := func(t *testing.T, what, base, target string) {
-		t.Helper()
-		for _, m := range oracle.Modes {
-			d, err := srcs[m.Name].Open(context.Background(), rsm.Request{Base: base, Target: target, Secrets: oracle.Secrets(t)})
-			if err == nil {
-				var n int64
-				err = d.Iterate(context.Background(), 0, func(off, length int64) error { n += length; return nil })
-				d.Close()
-				t.Errorf("%s, %s: answered (%d bytes, %v), want errors.ErrUnsupported: the data is in the migration source", what, m.Name, n, err)
-				continue
-			}
-			if !errors.Is(err, errors.ErrUnsupported) {
-				t.Errorf("%s, %s: %v, want errors.ErrUnsupported (FAILED_PRECONDITION)", what, m.Name, err)
-				continue
-			}
-			t.Logf("%s, %s: refused: %v", what, m.Name, err)
-		}
-	}
+	r := &migrationRun{conn: conn, ioctx: ioctx, srcs: oracle.Sources(t)}
 
-	t.Run("native", func(t *testing.T) {
-		src := harness.UniqueName(t, "migrating")
-		img := harness.CreateImage(t, ioctx, src, 16*harness.MiB)
-		harness.WriteAt(t, img, 0, 2*harness.MiB)
-		harness.Snapshot(t, img, "n1")
-		harness.WriteAt(t, img, 4*harness.MiB, 128*oracle.KiB)
-		harness.Snapshot(t, img, "n2")
-		if err := img.Close(); err != nil {
-			t.Fatal(err)
-		}
-		dst := src + "-migrated"
-		harness.RbdCLI(t, "migration", "prepare", harness.Pool+"/"+src, harness.Pool+"/"+dst)
-		t.Cleanup(func() { harness.RbdCLI(t, "migration", "abort", harness.Pool+"/"+dst) })
-		id := func(snap string) string { return harness.ClusterID + "/" + harness.Pool + "/" + dst + "@" + snap }
-		refused(t, "allocated", "", id("n2"))
-		refused(t, "delta", id("n1"), id("n2"))
-	})
+	t.Run("native", r.native)
 
 	// A clone of a snapshot of the destination, made before the commit
 	// (librbd allows it): its parent is migrating, and its Allocated reads
 	// the parent's data through the migration.
-	t.Run("parent", func(t *testing.T) {
-		src := harness.UniqueName(t, "migrating-parent")
-		img := harness.CreateImage(t, ioctx, src, 16*harness.MiB)
-		harness.WriteAt(t, img, 0, 2*harness.MiB)
-		if err := img.Close(); err != nil {
-			t.Fatal(err)
-		}
-		dst, clone := src+"-migrated", src+"-clone"
-		harness.RbdCLI(t, "migration", "prepare", harness.Pool+"/"+src, harness.Pool+"/"+dst)
-		t.Cleanup(func() { harness.RbdCLI(t, "migration", "abort", harness.Pool+"/"+dst) })
-		harness.RbdCLI(t, "snap", "create", harness.Pool+"/"+dst+"@p")
-		t.Cleanup(func() { harness.RbdCLI(t, "snap", "rm", harness.Pool+"/"+dst+"@p") })
-		// cloneOf clones from@snap as name with the rbd CLI (args before
-		// the names), removed with its snapshots when the test ends.
-		cloneOf := func(from, name string, args ...string) {
-			harness.RbdCLI(t, append(append([]string{"clone"}, args...), harness.Pool+"/"+from, harness.Pool+"/"+name)...)
-			t.Cleanup(func() {
-				harness.RbdCLI(t, "snap", "purge", harness.Pool+"/"+name)
-				harness.RbdCLI(t, "rm", harness.Pool+"/"+name)
-			})
-		}
-		cloneOf(dst+"@p", clone)
-		cimg, err := rbd.OpenImage(ioctx, clone, rbd.NoSnapshot)
-		if err != nil {
-			t.Fatal(err)
-		}
-		harness.Snapshot(t, cimg, "c1")
-		harness.WriteAt(t, cimg, 4*harness.MiB, 128*oracle.KiB)
-		harness.Snapshot(t, cimg, "c2")
-		if err := cimg.Close(); err != nil {
-			t.Fatal(err)
-		}
-		id := func(image, snap string) string {
-			return harness.ClusterID + "/" + harness.Pool + "/" + image + "@" + snap
-		}
-		refused(t, "clone allocated", "", id(clone, "c2"))
-		refused(t, "clone delta", id(clone, "c1"), id(clone, "c2"))
-		// Its clone: the destination is now a grandparent.
-		grand := src + "-grandchild"
-		cloneOf(clone+"@c2", grand)
-		harness.RbdCLI(t, "snap", "create", harness.Pool+"/"+grand+"@g1")
-		harness.RbdCLI(t, "snap", "create", harness.Pool+"/"+grand+"@g2")
-		refused(t, "grandchild allocated", "", id(grand, "g2"))
-		refused(t, "grandchild delta", id(grand, "g1"), id(grand, "g2"))
-		// A clone flattened after its snapshots, without deep-flatten:
-		// its head has no parent any more, but its snapshots still read
-		// through the destination. (With deep-flatten, flatten copies
-		// the parent's data into the snapshots too, and they are
-		// answered.)
-		flat := src + "-flattened"
-		cloneOf(dst+"@p", flat, "--image-feature", "layering,exclusive-lock,object-map,fast-diff")
-		harness.RbdCLI(t, "snap", "create", harness.Pool+"/"+flat+"@f1")
-		harness.RbdCLI(t, "snap", "create", harness.Pool+"/"+flat+"@f2")
-		harness.RbdCLI(t, "flatten", "--no-progress", harness.Pool+"/"+flat)
-		refused(t, "flattened allocated", "", id(flat, "f2"))
-		refused(t, "flattened delta", id(flat, "f1"), id(flat, "f2"))
-	})
+	t.Run("parent", r.parent)
 
-	t.Run("ceph-csi", func(t *testing.T) {
-		c := harness.NewCSICluster(t, conn, harness.ClusterID, "")
-		v := c.CreateVolume(t, 16*harness.MiB, nil)
-		v.Write(t, 0, 2*harness.MiB)
-		s1 := v.Snapshot(t)
-		v.Write(t, 4*harness.MiB, 128*oracle.KiB)
-		s2 := v.Snapshot(t)
-		if err := v.Img.Close(); err != nil {
-			t.Fatal(err)
+	t.Run("ceph-csi", r.cephCSI)
+}
+
+// migrationRun is what TestPreciseMigration's steps share: the admin
+// connection, the pool's IO context and a source per mode.
+type migrationRun struct {
+	conn  *rados.Conn
+	ioctx *rados.IOContext
+	srcs  map[string]*rsm.Source
+}
+
+// refused: every mode refuses base..target with errors.ErrUnsupported.
+func (r *migrationRun) refused(t *testing.T, what, base, target string) {
+	t.Helper()
+	for _, m := range oracle.Modes {
+		d, err := r.srcs[m.Name].Open(context.Background(), rsm.Request{Base: base, Target: target, Secrets: oracle.Secrets(t)})
+		if err == nil {
+			var n int64
+			err = d.Iterate(context.Background(), 0, func(off, length int64) error { n += length; return nil })
+			d.Close()
+			t.Errorf("%s, %s: answered (%d bytes, %v), want errors.ErrUnsupported: the data is in the migration source", what, m.Name, n, err)
+			continue
 		}
-		dst := v.Name + "-migrated"
-		out, err := harness.RbdTry(t, "migration", "prepare", harness.Pool+"/"+v.Name, harness.Pool+"/"+dst)
-		if err != nil {
-			if !strings.Contains(string(out), "linked clones") {
-				t.Fatalf("migration prepare of a volume with Ceph-CSI snapshots failed, but not for its linked clones: %v\n%s", err, out)
-			}
-			t.Logf("as expected, librbd refuses to migrate a volume with Ceph-CSI snapshots: %s", strings.TrimSpace(string(out)))
-			return
+		if !errors.Is(err, errors.ErrUnsupported) {
+			t.Errorf("%s, %s: %v, want errors.ErrUnsupported (FAILED_PRECONDITION)", what, m.Name, err)
+			continue
 		}
-		t.Cleanup(func() { harness.RbdCLI(t, "migration", "abort", harness.Pool+"/"+dst) })
-		refused(t, "handle allocated", "", s2.Handle())
-		refused(t, "handle delta", s1.Handle(), s2.Handle())
+		t.Logf("%s, %s: refused: %v", what, m.Name, err)
+	}
+}
+
+// migratingID is the handle of image@snap in the test cluster's pool.
+func migratingID(image, snap string) string {
+	return harness.ClusterID + "/" + harness.Pool + "/" + image + "@" + snap
+}
+
+// native: an image with two snapshots, prepared for migration: its
+// destination's Allocated and Delta are refused.
+func (r *migrationRun) native(t *testing.T) {
+	src := harness.UniqueName(t, "migrating")
+	img := harness.CreateImage(t, r.ioctx, src, 16*harness.MiB)
+	harness.WriteAt(t, img, 0, 2*harness.MiB)
+	harness.Snapshot(t, img, "n1")
+	harness.WriteAt(t, img, 4*harness.MiB, 128*oracle.KiB)
+	harness.Snapshot(t, img, "n2")
+	if err := img.Close(); err != nil {
+		t.Fatal(err)
+	}
+	dst := src + "-migrated"
+	harness.RbdCLI(t, "migration", "prepare", harness.Pool+"/"+src, harness.Pool+"/"+dst)
+	t.Cleanup(func() { harness.RbdCLI(t, "migration", "abort", harness.Pool+"/"+dst) })
+	id := func(snap string) string { return harness.ClusterID + "/" + harness.Pool + "/" + dst + "@" + snap }
+	r.refused(t, "allocated", "", id("n2"))
+	r.refused(t, "delta", id("n1"), id("n2"))
+}
+
+// parent: the clones of a snapshot of a migration's destination (a
+// clone, its clone, a flattened clone) are refused.
+func (r *migrationRun) parent(t *testing.T) {
+	src := harness.UniqueName(t, "migrating-parent")
+	dst := r.migratingParent(t, src)
+	clone := r.cloneOfDestination(t, src, dst)
+	r.grandchild(t, src, clone)
+	r.flattened(t, src, dst)
+}
+
+// migratingParent: image src with data, prepared for migration, and a
+// snapshot p of its destination, which it returns.
+func (r *migrationRun) migratingParent(t *testing.T, src string) string {
+	img := harness.CreateImage(t, r.ioctx, src, 16*harness.MiB)
+	harness.WriteAt(t, img, 0, 2*harness.MiB)
+	if err := img.Close(); err != nil {
+		t.Fatal(err)
+	}
+	dst := src + "-migrated"
+	harness.RbdCLI(t, "migration", "prepare", harness.Pool+"/"+src, harness.Pool+"/"+dst)
+	t.Cleanup(func() { harness.RbdCLI(t, "migration", "abort", harness.Pool+"/"+dst) })
+	harness.RbdCLI(t, "snap", "create", harness.Pool+"/"+dst+"@p")
+	t.Cleanup(func() { harness.RbdCLI(t, "snap", "rm", harness.Pool+"/"+dst+"@p") })
+	return dst
+}
+
+// cloneOf clones from@snap as name with the rbd CLI (args before
+// the names), removed with its snapshots when the test ends.
+func cloneOf(t *testing.T, from, name string, args ...string) {
+	harness.RbdCLI(t, append(append([]string{"clone"}, args...), harness.Pool+"/"+from, harness.Pool+"/"+name)...)
+	t.Cleanup(func() {
+		harness.RbdCLI(t, "snap", "purge", harness.Pool+"/"+name)
+		harness.RbdCLI(t, "rm", harness.Pool+"/"+name)
 	})
+}
+
+// cloneOfDestination: a clone of dst@p with two snapshots, c1 and c2: its
+// Allocated and Delta are refused. It returns the clone's name.
+func (r *migrationRun) cloneOfDestination(t *testing.T, src, dst string) string {
+	clone := src + "-clone"
+	cloneOf(t, dst+"@p", clone)
+	cimg, err := rbd.OpenImage(r.ioctx, clone, rbd.NoSnapshot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	harness.Snapshot(t, cimg, "c1")
+	harness.WriteAt(t, cimg, 4*harness.MiB, 128*oracle.KiB)
+	harness.Snapshot(t, cimg, "c2")
+	if err := cimg.Close(); err != nil {
+		t.Fatal(err)
+	}
+	r.refused(t, "clone allocated", "", migratingID(clone, "c2"))
+	r.refused(t, "clone delta", migratingID(clone, "c1"), migratingID(clone, "c2"))
+	return clone
+}
+
+// grandchild: the clone's clone, whose grandparent is the destination, is
+// refused.
+func (r *migrationRun) grandchild(t *testing.T, src, clone string) {
+	// Its clone: the destination is now a grandparent.
+	grand := src + "-grandchild"
+	cloneOf(t, clone+"@c2", grand)
+	harness.RbdCLI(t, "snap", "create", harness.Pool+"/"+grand+"@g1")
+	harness.RbdCLI(t, "snap", "create", harness.Pool+"/"+grand+"@g2")
+	r.refused(t, "grandchild allocated", "", migratingID(grand, "g2"))
+	r.refused(t, "grandchild delta", migratingID(grand, "g1"), migratingID(grand, "g2"))
+}
+
+// flattened: a clone of dst@p flattened after its snapshots is refused.
+func (r *migrationRun) flattened(t *testing.T, src, dst string) {
+	// A clone flattened after its snapshots, without deep-flatten:
+	// its head has no parent any more, but its snapshots still read
+	// through the destination. (With deep-flatten, flatten copies
+	// the parent's data into the snapshots too, and they are
+	// answered.)
+	flat := src + "-flattened"
+	cloneOf(t, dst+"@p", flat, "--image-feature", "layering,exclusive-lock,object-map,fast-diff")
+	harness.RbdCLI(t, "snap", "create", harness.Pool+"/"+flat+"@f1")
+	harness.RbdCLI(t, "snap", "create", harness.Pool+"/"+flat+"@f2")
+	harness.RbdCLI(t, "flatten", "--no-progress", harness.Pool+"/"+flat)
+	r.refused(t, "flattened allocated", "", migratingID(flat, "f2"))
+	r.refused(t, "flattened delta", migratingID(flat, "f1"), migratingID(flat, "f2"))
+}
+
+// cephCSI: librbd refuses to migrate a volume with Ceph-CSI snapshots;
+// should it not, their handles are refused.
+func (r *migrationRun) cephCSI(t *testing.T) {
+	c := harness.NewCSICluster(t, r.conn, harness.ClusterID, "")
+	v := c.CreateVolume(t, 16*harness.MiB, nil)
+	v.Write(t, 0, 2*harness.MiB)
+	s1 := v.Snapshot(t)
+	v.Write(t, 4*harness.MiB, 128*oracle.KiB)
+	s2 := v.Snapshot(t)
+	if err := v.Img.Close(); err != nil {
+		t.Fatal(err)
+	}
+	dst := v.Name + "-migrated"
+	out, err := harness.RbdTry(t, "migration", "prepare", harness.Pool+"/"+v.Name, harness.Pool+"/"+dst)
+	if err != nil {
+		if !strings.Contains(string(out), "linked clones") {
+			t.Fatalf("migration prepare of a volume with Ceph-CSI snapshots failed, but not for its linked clones: %v\n%s", err, out)
+		}
+		t.Logf("as expected, librbd refuses to migrate a volume with Ceph-CSI snapshots: %s", strings.TrimSpace(string(out)))
+		return
+	}
+	t.Cleanup(func() { harness.RbdCLI(t, "migration", "abort", harness.Pool+"/"+dst) })
+	r.refused(t, "handle allocated", "", s2.Handle())
+	r.refused(t, "handle delta", s1.Handle(), s2.Handle())
 }
 
 // TestPreciseFallbackReported: the server binary names precise mode's

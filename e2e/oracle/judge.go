@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/internal/report"
 	rsm "github.com/rbd-snapshot-metadata/rbd-snapshot-metadata/rbd"
 )
 
@@ -36,118 +37,196 @@ func (w *Workload) CheckAll(srcs map[string]*rsm.Source) {
 // figures go to tot and to the totals of each of the history's kinds; it
 // returns the history's own.
 func (w *Workload) Check(srcs map[string]*rsm.Source, tot *Totals) *Totals {
-	t := w.T
 	p := w.Images[len(w.Images)-1]
 	w.data = map[string][]byte{}
 	for _, s := range p.Snaps {
 		w.data[s] = w.readSnap(p, s)
 	}
 	h := NewTotals()
+	r := &judgeRun{w: w, srcs: srcs, p: p, tot: tot, tots: w.judgeTotals(tot, h)}
+	pairs := w.pairs(p.Snaps)
+	for _, q := range pairs {
+		r.query(q)
+	}
+	return h
+}
+
+// judgedMode is an entry of Modes: their element type, spelled out for
+// the steps that take one.
+type judgedMode = struct {
+	Name   string
+	opts   rsm.Options
+	unsafe string
+	when   []string
+}
+
+// judgeRun is what Check's steps share: the image checked, the sources of
+// the modes, the totals its figures go to (tot, the history's own, each
+// of its kinds'), and how many answers from an offset differed from the
+// answer from 0 (the first two are logged).
+type judgeRun struct {
+	w       *Workload
+	srcs    map[string]*rsm.Source
+	p       *Image
+	tot     *Totals
+	tots    []*Totals
+	differs int
+}
+
+// judgedQuery is one query of Check: its pair, its kind (0: Allocated,
+// 1: Delta), the bytes before (nil: zeros) and after, the bytes that
+// changed in 4 KiB blocks, and its offsets with the blocks changed from
+// the second, if there is one.
+type judgedQuery struct {
+	q             [2]string
+	kind          int
+	before, after []byte
+	blocks        int64
+	offsets       []int64
+	fromBlocks    int64
+}
+
+// judgeTotals lists the totals Check's figures go to: tot, h (the history's
+// own) and tot's of each of the history's kinds, which count it.
+func (w *Workload) judgeTotals(tot, h *Totals) []*Totals {
 	tots := []*Totals{tot, h}
 	for _, k := range w.KindList() {
 		x := tot.kind(k)
 		x.histories++
 		tots = append(tots, x)
 	}
-	pairs := w.pairs(p.Snaps)
-	differs := 0
-	for _, q := range pairs {
-		var before []byte // allocated: against zeros
-		kind := 0
-		if q[0] != "" {
-			before, kind = w.data[q[0]], 1
+	return tots
+}
+
+// query checks pair q: its truth, counted in every total, then each mode's
+// answer (mode); precise mode's walk variants only where it walked.
+func (r *judgeRun) query(q [2]string) {
+	var before []byte // allocated: against zeros
+	kind := 0
+	if q[0] != "" {
+		before, kind = r.w.data[q[0]], 1
+	}
+	after := r.w.data[q[1]]
+	blocks, exact := preciseTruth(before, after, 0)
+	for _, x := range r.tots {
+		x.Truth[kind] += blocks
+		x.exact[kind] += exact
+		x.Queries[kind]++
+	}
+	jq := &judgedQuery{q: q, kind: kind, before: before, after: after, blocks: blocks}
+	r.pickOffsets(jq)
+	preciseWalked := true // until precise mode, ahead of its walk variants in Modes, says
+	for _, m := range Modes {
+		if m.opts.Walk != "" && !preciseWalked {
+			// Options.Walk only chooses how an image without a usable
+			// object map is walked (a WalkLibrbd Diff never looks for
+			// one): where precise mode took the object map, each walk
+			// variant takes precise mode's own path to its answer.
+			continue
 		}
-		after := w.data[q[1]]
-		blocks, exact := preciseTruth(before, after, 0)
-		for _, x := range tots {
-			x.Truth[kind] += blocks
-			x.exact[kind] += exact
-			x.Queries[kind]++
-		}
-		// An offset inside an object, not on a 4 KiB block, for half the
-		// queries.
-		offsets := []int64{0}
-		if size := uint64(len(after)); size > 1 && w.Rng.IntN(2) == 0 {
-			from := w.Rng.Uint64N(size)
-			if from%p.ObjSize == 0 {
-				from++
-			}
-			offsets = append(offsets, int64(from))
-		}
-		var fromBlocks int64
-		if len(offsets) > 1 {
-			fromBlocks, _ = preciseTruth(before, after, int(offsets[1]))
-		}
-		preciseWalked := true // until precise mode, ahead of its walk variants in Modes, says
-		for _, m := range Modes {
-			if m.opts.Walk != "" && !preciseWalked {
-				// Options.Walk only chooses how an image without a usable
-				// object map is walked (a WalkLibrbd Diff never looks for
-				// one): where precise mode took the object map, each walk
-				// variant takes precise mode's own path to its answer.
-				continue
-			}
-			all, dur, st := w.Query(srcs[m.Name], p, q[0], q[1], m.Name, offsets...)
-			walked := st.Candidates == "walk" || st.Candidates == "listing"
-			if m.Name == "precise" {
-				preciseWalked = walked
-			}
-			got := all[0]
-			missed, first := Missed(before, after, got, 0)
-			reported := preciseSum(got, 0)
-			zeros, same := preciseUnchanged(before, after, got)
-			for _, x := range tots {
-				y := &x.Modes[m.Name][kind]
-				y.queries++
-				y.truth += blocks
-				y.reported += reported
-				y.missed += missed
-				y.dur += dur
-				y.zeros += zeros
-				y.same += same
-			}
-			what := fmt.Sprintf("%s %s..%s of %s", m.Name, q[0], q[1], p.Name)
-			w.judge(m.unsafe, m.when, what, missed, first, fmt.Sprintf("(truth %d bytes in 4 KiB blocks); reported %v", blocks, got))
-			if m.opts.Precise {
-				if m.Name == "precise" {
-					tot.Checksummed += st.Checksummed
-				}
-				if st.ImageFallbackDetail != "" || st.ObjectFallbackCount() != 0 {
-					t.Errorf("%s: not refined: %+v", what, st)
-				}
-				if want := w.Walks && m.opts.Walk != rsm.WalkLibrbd; walked != want {
-					t.Errorf("%s: candidates %q, want the walk: %v", what, st.Candidates, want)
-				}
-				if want := map[string]string{rsm.WalkList: "listing", rsm.WalkProbe: "walk"}[m.opts.Walk]; w.Walks && want != "" && st.Candidates != want {
-					t.Errorf("%s: candidates %q, want %q", what, st.Candidates, want)
-				}
-				if reported > 0 && st.Objects == 0 {
-					t.Errorf("%s: reported %d bytes but refined no object", what, reported)
-				}
-			}
-			if len(all) > 1 {
-				from := offsets[1]
-				fromGot := all[1]
-				missed, first := Missed(before, after, fromGot, int(from))
-				o := tot.offsets[m.Name]
-				o.queries++
-				o.truth += fromBlocks
-				o.reported += preciseSum(fromGot, from)
-				o.missed += missed
-				if len(fromGot) > 0 && fromGot[0].off < from {
-					o.startsBefore++
-				}
-				if !slices.Equal(preciseClip(fromGot, from), preciseClip(got, from)) {
-					o.differs++
-					if differs++; differs <= 2 {
-						t.Logf("%s from %d: %v, from 0 clipped: %v", what, from, preciseClip(fromGot, from), preciseClip(got, from))
-					}
-				}
-				w.judge(m.unsafe, m.when, fmt.Sprintf("%s from offset %d", what, from), missed, first, fmt.Sprintf("; reported %v", fromGot))
-			}
+		walked := r.mode(jq, m)
+		if m.Name == "precise" {
+			preciseWalked = walked
 		}
 	}
-	return h
+}
+
+// pickOffsets: 0, and for half the queries an offset inside an object,
+// not on a 4 KiB block, with the blocks changed from it.
+func (r *judgeRun) pickOffsets(jq *judgedQuery) {
+	// An offset inside an object, not on a 4 KiB block, for half the
+	// queries.
+	offsets := []int64{0}
+	if size := uint64(len(jq.after)); size > 1 && r.w.Rng.IntN(2) == 0 {
+		from := r.w.Rng.Uint64N(size)
+		if from%r.p.ObjSize == 0 {
+			from++
+		}
+		offsets = append(offsets, int64(from))
+	}
+	var fromBlocks int64
+	if len(offsets) > 1 {
+		fromBlocks, _ = preciseTruth(jq.before, jq.after, int(offsets[1]))
+	}
+	jq.offsets, jq.fromBlocks = offsets, fromBlocks
+}
+
+// mode judges mode m's answer to jq, counted in every total; then its
+// refinement (refined) and its answer from the second offset (fromOffset).
+// It tells whether m walked the image.
+func (r *judgeRun) mode(jq *judgedQuery, m judgedMode) (walked bool) {
+	w, p, q := r.w, r.p, jq.q
+	all, dur, st := w.Query(r.srcs[m.Name], p, q[0], q[1], m.Name, jq.offsets...)
+	walked = st.Candidates == "walk" || st.Candidates == "listing"
+	got := all[0]
+	missed, first := Missed(jq.before, jq.after, got, 0)
+	reported := preciseSum(got, 0)
+	zeros, same := preciseUnchanged(jq.before, jq.after, got)
+	for _, x := range r.tots {
+		y := &x.Modes[m.Name][jq.kind]
+		y.queries++
+		y.truth += jq.blocks
+		y.reported += reported
+		y.missed += missed
+		y.dur += dur
+		y.zeros += zeros
+		y.same += same
+	}
+	what := fmt.Sprintf("%s %s..%s of %s", m.Name, q[0], q[1], p.Name)
+	w.judge(m.unsafe, m.when, what, missed, first, fmt.Sprintf("(truth %d bytes in 4 KiB blocks); reported %v", jq.blocks, got))
+	if m.opts.Precise {
+		r.refined(m, what, st, walked, reported)
+	}
+	if len(all) > 1 {
+		r.fromOffset(jq, m, what, got, all[1])
+	}
+	return walked
+}
+
+// refined checks a precise mode's refinement: no fallback, the
+// candidates the walk options ask for, and objects refined if it reported
+// any bytes.
+func (r *judgeRun) refined(m judgedMode, what string, st report.Refinement, walked bool, reported int64) {
+	t, w := r.w.T, r.w
+	if m.Name == "precise" {
+		r.tot.Checksummed += st.Checksummed
+	}
+	if st.ImageFallbackDetail != "" || st.ObjectFallbackCount() != 0 {
+		t.Errorf("%s: not refined: %+v", what, st)
+	}
+	if want := w.Walks && m.opts.Walk != rsm.WalkLibrbd; walked != want {
+		t.Errorf("%s: candidates %q, want the walk: %v", what, st.Candidates, want)
+	}
+	if want := map[string]string{rsm.WalkList: "listing", rsm.WalkProbe: "walk"}[m.opts.Walk]; w.Walks && want != "" && st.Candidates != want {
+		t.Errorf("%s: candidates %q, want %q", what, st.Candidates, want)
+	}
+	if reported > 0 && st.Objects == 0 {
+		t.Errorf("%s: reported %d bytes but refined no object", what, reported)
+	}
+}
+
+// fromOffset judges m's answer fromGot from jq's second offset, counted in
+// tot's offset tallies, and compares it with got, the answer from 0,
+// clipped there.
+func (r *judgeRun) fromOffset(jq *judgedQuery, m judgedMode, what string, got, fromGot []Extent) {
+	t := r.w.T
+	from := jq.offsets[1]
+	missed, first := Missed(jq.before, jq.after, fromGot, int(from))
+	o := r.tot.offsets[m.Name]
+	o.queries++
+	o.truth += jq.fromBlocks
+	o.reported += preciseSum(fromGot, from)
+	o.missed += missed
+	if len(fromGot) > 0 && fromGot[0].off < from {
+		o.startsBefore++
+	}
+	if !slices.Equal(preciseClip(fromGot, from), preciseClip(got, from)) {
+		o.differs++
+		if r.differs++; r.differs <= 2 {
+			t.Logf("%s from %d: %v, from 0 clipped: %v", what, from, preciseClip(fromGot, from), preciseClip(got, from))
+		}
+	}
+	r.w.judge(m.unsafe, m.when, fmt.Sprintf("%s from offset %d", what, from), missed, first, fmt.Sprintf("; reported %v", fromGot))
 }
 
 // pairs lists the queries of a history's checked image: Allocated of
