@@ -27,9 +27,9 @@ timed() {
 }
 
 # RSM_K8S=0: a run of tests that need no Kubernetes tool (the matrix's
-# legs, in a network namespace with no way to the module proxy) neither
-# builds nor looks for them; the tests that need them fail as on a failed
-# build.
+# legs, in a network namespace with no way to the module proxy, and the
+# parts of ./dev.sh test's reef suite but its k8s list) neither builds nor
+# looks for them; the tests that need them fail as on a failed build.
 if [ "${RSM_K8S:-1}" = 0 ]; then
   export RSM_K8S_BUILD_ERROR="RSM_K8S=0: this run has no Kubernetes tools"
   export RSM_CSI_OPERATOR_BUILD_ERROR=$RSM_K8S_BUILD_ERROR RSM_HELM_BUILD_ERROR=$RSM_K8S_BUILD_ERROR
