@@ -51,15 +51,6 @@ func (w *Workload) Check(srcs map[string]*rsm.Source, tot *Totals) *Totals {
 	return h
 }
 
-// judgedMode is an entry of Modes: their element type, spelled out for
-// the steps that take one.
-type judgedMode = struct {
-	Name   string
-	opts   rsm.Options
-	unsafe string
-	when   []string
-}
-
 // judgeRun is what Check's steps share: the image checked, the sources of
 // the modes, the totals its figures go to (tot, the history's own, each
 // of its kinds'), and how many answers from an offset differed from the
@@ -154,7 +145,7 @@ func (r *judgeRun) pickOffsets(jq *judgedQuery) {
 // mode judges mode m's answer to jq, counted in every total; then its
 // refinement (refined) and its answer from the second offset (fromOffset).
 // It tells whether m walked the image.
-func (r *judgeRun) mode(jq *judgedQuery, m judgedMode) (walked bool) {
+func (r *judgeRun) mode(jq *judgedQuery, m Mode) (walked bool) {
 	w, p, q := r.w, r.p, jq.q
 	all, dur, st := w.Query(r.srcs[m.Name], p, q[0], q[1], m.Name, jq.offsets...)
 	walked = st.Candidates == "walk" || st.Candidates == "listing"
@@ -186,7 +177,7 @@ func (r *judgeRun) mode(jq *judgedQuery, m judgedMode) (walked bool) {
 // refined checks a precise mode's refinement: no fallback, the
 // candidates the walk options ask for, and objects refined if it reported
 // any bytes.
-func (r *judgeRun) refined(m judgedMode, what string, st report.Refinement, walked bool, reported int64) {
+func (r *judgeRun) refined(m Mode, what string, st report.Refinement, walked bool, reported int64) {
 	t, w := r.w.T, r.w
 	if m.Name == "precise" {
 		r.tot.Checksummed += st.Checksummed
@@ -208,7 +199,7 @@ func (r *judgeRun) refined(m judgedMode, what string, st report.Refinement, walk
 // fromOffset judges m's answer fromGot from jq's second offset, counted in
 // tot's offset tallies, and compares it with got, the answer from 0,
 // clipped there.
-func (r *judgeRun) fromOffset(jq *judgedQuery, m judgedMode, what string, got, fromGot []Extent) {
+func (r *judgeRun) fromOffset(jq *judgedQuery, m Mode, what string, got, fromGot []Extent) {
 	t := r.w.T
 	from := jq.offsets[1]
 	missed, first := Missed(jq.before, jq.after, fromGot, int(from))

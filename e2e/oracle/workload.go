@@ -29,17 +29,20 @@ const Block = 4096 // the oracle's granularity for "truly changed"
 // KiB is a kibibyte, untyped.
 const KiB = 1 << 10
 
+// Mode is a way of answering that the oracle judges: one of Modes.
+type Mode struct {
+	Name   string
+	opts   rsm.Options
+	unsafe string
+	when   []string
+}
+
 // Modes are the three --precision settings, and precise mode with
 // --trust-object-map. unsafe names, for a mode that can miss changed
 // bytes, the passage of docs/precision.md that says when: its
 // misses are logged and counted, not failed, in histories of the kinds
 // listed in when (any history when when is nil); elsewhere they fail.
-var Modes = []struct {
-	Name   string
-	opts   rsm.Options
-	unsafe string
-	when   []string
-}{
+var Modes = []Mode{
 	{"object", rsm.Options{WholeObject: true}, "docs/precision.md#candidates-and-why-not-the-object-maps-dirty-bits: --precision=object trusts the object map (rollback, copy-on-read, shrink-snapshot-grow)", nil},
 	{"exact", rsm.Options{}, "", nil},
 	{"precise", rsm.Options{Precise: true}, "", nil},
