@@ -257,11 +257,14 @@ matrix() {
 
 # prefetch: what the later phases need and nothing before them does,
 # made in the background while those run: the Kubernetes tools (CPU) and
-# the node's images, then the root filesystems and the image's base images (mostly downloads,
-# so they overlap the CPU work well). Each is cached and locked by its own
-# script, so the phase that needs it later finds it ready or waits for
-# it, and still fails as it always did when it cannot be made: a failure
-# here only costs the overlap. Its rows are prefetch/NAME.
+# the node's images, helm beside them (the pods need both, and helm fills
+# what the big build's serial stretches leave idle), then the root
+# filesystems and the image's base images (mostly downloads, so they
+# overlap the CPU work well), and last the csi-operator (only the k8s
+# phase needs it). Each is cached and locked by its own script, so the
+# phase that needs it later finds it ready or waits for it, and still
+# fails as it always did when it cannot be made: a failure here only
+# costs the overlap. Its rows are prefetch/NAME.
 prefetch() {
 	[ "${RSM_PREFETCH:-1}" = 1 ] || return 0
 	local log=/var/tmp/rsm-prefetch-$$.log
@@ -269,12 +272,12 @@ prefetch() {
 	{
 		{ phase prefetch/k8s e2e/k8s/k8s.sh build >/dev/null &&
 			phase prefetch/images e2e/k8s/k8s.sh images >/dev/null; } &
+		phase prefetch/helm e2e/k8s/k8s.sh helm >/dev/null &
 		phase prefetch/rootfs-reef env RSM_CEPH=reef e2e/rootfs.sh &&
 			phase prefetch/rootfs-tentacle env RSM_CEPH=tentacle e2e/rootfs.sh &&
 			phase prefetch/image-base e2e/buildah.sh seed
 		wait
 		phase prefetch/csi-operator e2e/k8s/k8s.sh csi-operator >/dev/null
-		phase prefetch/helm e2e/k8s/k8s.sh helm >/dev/null
 	} >"$log" 2>&1 </dev/null &
 }
 
