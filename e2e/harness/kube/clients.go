@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -44,8 +45,22 @@ func (k *Env) KubectlErr(t *testing.T, args ...string) (string, error) {
 	cfg := k.AdminKubeconfig(t)
 	cmd := exec.Command(filepath.Join(k.Bin, "kubectl"), append([]string{"--kubeconfig", cfg}, args...)...)
 	out, err := cmd.CombinedOutput()
-	t.Logf("$ kubectl %s\n%s", strings.Join(args, " "), strings.TrimRight(string(out), "\n"))
+	t.Logf("$ kubectl %s\n%s", strings.Join(redacted(args), " "), strings.TrimRight(string(out), "\n"))
 	return string(out), err
+}
+
+// redacted is args as logged: the value of a --from-literal whose key
+// names a key (Ceph-CSI's userKey) is replaced, as a user's secrets stay
+// out of logs.
+func redacted(args []string) []string {
+	out := slices.Clone(args)
+	for i, a := range out {
+		k, v, ok := strings.Cut(strings.TrimPrefix(a, "--from-literal="), "=")
+		if ok && v != "" && a != k+"="+v && strings.Contains(strings.ToLower(k), "key") {
+			out[i] = "--from-literal=" + k + "=(redacted)"
+		}
+	}
+	return out
 }
 
 // KubectlQuiet runs kubectl as admin without logging (for polling).
@@ -55,12 +70,18 @@ func (k *Env) KubectlQuiet(args ...string) (string, error) {
 	return string(out), err
 }
 
-// GetJSON decodes the JSON of kubectl get args into v.
+// GetJSON decodes the JSON of kubectl get args into v. It logs the
+// command, not the JSON: that of Secrets holds keys (the chart's TLS and
+// CA keys, Ceph-CSI's userKey), which stay out of test logs as out of
+// the server's.
 func (k *Env) GetJSON(t *testing.T, v any, args ...string) {
 	t.Helper()
-	out, err := k.KubectlErr(t, append([]string{"get", "-o", "json"}, args...)...)
+	args = append([]string{"get", "-o", "json"}, args...)
+	k.AdminKubeconfig(t)
+	out, err := k.KubectlQuiet(args...)
+	t.Logf("$ kubectl %s (%d bytes of JSON, not logged)", strings.Join(args, " "), len(out))
 	if err != nil {
-		t.Fatalf("kubectl get %v: %v\n%s", args, err, out)
+		t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
 	if err := json.Unmarshal([]byte(out), v); err != nil {
 		t.Fatal(err)
