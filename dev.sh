@@ -287,10 +287,7 @@ prefetch() {
 # image's test does; a failed build fails those tests there, as in
 # run-e2e.sh, not this phase before them.
 k8s_apart() {
-	local what
-	for what in build csi-operator helm; do
-		e2e/k8s/k8s.sh "$what" >/dev/null || echo "dev: e2e/k8s/k8s.sh $what failed: the tests that need it will say so" >&2
-	done
+	e2e/k8s/k8s.sh tools
 	e2e/netns.sh e2e/run-e2e.sh -run "$1"
 }
 

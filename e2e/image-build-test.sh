@@ -170,9 +170,7 @@ EOF
 chmod 755 "$OUT/entrypoint"
 t=$(now)
 rc=0
-for what in build csi-operator helm; do
-	"$HERE/k8s/k8s.sh" "$what" >/dev/null || log "e2e/k8s/k8s.sh $what failed: the tests that need it will say so"
-done
+"$HERE/k8s/k8s.sh" tools
 RSM_CEPH=tentacle RSM_CLIENT_CEPH=tentacle RSM_SERVER_BIN=$OUT/entrypoint RSM_BIND="$OUT $IMG${RSM_BIND:+ $RSM_BIND}" \
 	"$HERE/netns.sh" "$HERE/run-e2e.sh" "$@" || rc=$?
 log "e2e with the image's entrypoint on tentacle ($*): exit $rc in $(since "$t"); total $(since "$T0")"

@@ -46,6 +46,12 @@
 #                            k8s_deploy_test.go) or find it in the cache; print
 #                            its folder ($RSM_K8S_CACHE/helm-<hash>)
 #   e2e/k8s/k8s.sh helm-tidy regenerate helm/go.mod and go.sum
+#   e2e/k8s/k8s.sh tools     build (or find) all that e2e/run-e2e.sh looks for:
+#                            build, csi-operator and helm, for a run in a
+#                            network namespace with no way to the module
+#                            proxy; one that fails is said and the others
+#                            are still made (its tests then fail there, as on
+#                            a failed build); exits 0
 #
 # The six k8s.io/kubernetes binaries are one go build of upstream's own
 # cmd/ mains in the module kubernetes/ (its go.mod's tool directives), so
@@ -549,8 +555,17 @@ images_build() {
   echo "$out"
 }
 
+# tools: see the usage above.
+tools() {
+  local what
+  for what in build csi-operator helm; do
+    "$0" "$what" >/dev/null || log "e2e/k8s/k8s.sh $what failed: the tests that need it will say so"
+  done
+}
+
 case "${1:-}" in
 build) build ;;
+tools) tools ;;
 dir) d=$CACHE/$(key); [ -f "$d/.complete" ] || die "not built: $d"; echo "$d" ;;
 images) images_build ;;
 images-dir) d=$CACHE/images-$(images_key); [ -f "$d/.complete" ] || die "not built: $d"; echo "$d" ;;
