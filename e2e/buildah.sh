@@ -163,9 +163,16 @@ build() {
 	local cas=()
 	! compgen -G '/usr/local/share/ca-certificates/*.crt' >/dev/null ||
 		cas=(-v /usr/local/share/ca-certificates:/usr/local/share/ca-certificates:ro)
+	# buildah 1.28's bud leaves the working container of a stage that only
+	# COPY --from reads (the Dockerfile's go stage) behind, mounted: one
+	# more overlay mount per build. Those this build left (the lock keeps
+	# our other builds out) are removed, also when it failed.
+	local before rc=0
+	before=$(buildah containers --quiet --notruncate | sort)
 	buildah bud --isolation chroot --pull=never --layers --build-arg VERSION="$version" "${cas[@]}" \
-		-t "$tag" -f "$TOP/Dockerfile" "$TOP" >"$CACHE/bud.log" 2>&1 ||
-		{ tail -n 40 "$CACHE/bud.log" >&2; die "buildah bud (log: $CACHE/bud.log)"; }
+		-t "$tag" -f "$TOP/Dockerfile" "$TOP" >"$CACHE/bud.log" 2>&1 || rc=$?
+	comm -13 <(echo "$before") <(buildah containers --quiet --notruncate | sort) | xargs -r buildah rm >/dev/null
+	[ "$rc" = 0 ] || { tail -n 40 "$CACHE/bud.log" >&2; die "buildah bud (log: $CACHE/bud.log)"; }
 	log "buildah bud of the Dockerfile as $tag: $(since "$t"), $(grep -c '^--> Using cache' "$CACHE/bud.log" || true) of $(grep -c '^\[[0-9]*/[0-9]*\] STEP' "$CACHE/bud.log" || true) steps from buildah's layer cache"
 }
 
