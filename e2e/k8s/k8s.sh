@@ -56,9 +56,9 @@
 # The six k8s.io/kubernetes binaries are one go build of upstream's own
 # cmd/ mains in the module kubernetes/ (its go.mod's tool directives), so
 # that what they share compiles once; CoreDNS, a module of its own, builds
-# at the same time. It takes 13 min on 2 cores at load 8-12 when Go's build
-# cache already holds kube-apiserver's packages, more when it is cold (~1.5
-# GB of modules; docs/development.md); its output lives in
+# at the same time. With Go's caches cold, beside the other phases of a
+# cold ./dev.sh test on 2 cores, it took 1,746 s (~1.5 GB of modules;
+# docs/development.md); its output lives in
 # $RSM_K8S_CACHE/<hash of the pins, the files of the four modules and the
 # Go version>, so that a warm run only hashes a few files. That folder is
 # hard links to two parts, each keyed on what it is built from alone
@@ -136,8 +136,8 @@ src() {
 }
 
 # part_key PART: the hash of what a part of the build is made from: kube
-# (the six k8s.io/kubernetes binaries, CoreDNS and etcd: the hour of a cold
-# build) or sidecar (csi-snapshot-metadata, its lister, our backup-client
+# (the six k8s.io/kubernetes binaries, CoreDNS and etcd: about half an
+# hour cold) or sidecar (csi-snapshot-metadata, its lister, our backup-client
 # and the CRDs: minutes). A change to the backup-client, a test tool,
 # rebuilds only the sidecar part.
 part_key() {
@@ -173,7 +173,7 @@ b() {
 # $bout/.versions.
 build_kube() {
   local cpid c v=() p minor=${K8S#v1.} pkgs=()
-  log "building etcd $ETCD, ${K8S_CMDS[*]} $K8S and coredns $COREDNS (10-20 min when Go's caches are cold)"
+  log "building etcd $ETCD, ${K8S_CMDS[*]} $K8S and coredns $COREDNS (20-30 min on 2 busy cores when Go's caches are cold)"
   # CoreDNS (a module of its own, so a go build of its own) compiles
   # while k8s.io/kubernetes does: it fills the cores that the big build's
   # serial stretches (its last packages, its links) leave idle.
@@ -330,7 +330,7 @@ csiop_build() {
   trap 'rm -rf "$tmp"' EXIT
   mkdir -p "$tmp/src" "$tmp/bin/csi-operator" "$tmp/bin/rook"
   cp "$HERE"/operator/go.{mod,sum} "$tmp/src/"
-  log "building ceph-csi-operator $CSIOP's manager into $out (~4 min on 2 idle cores, 24 min at load 20, when Go's caches are cold)"
+  log "building ceph-csi-operator $CSIOP's manager into $out (~5 min when Go's caches are cold)"
   (cd "$tmp/src" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$tmp/bin/manager" github.com/ceph/ceph-csi-operator/cmd) ||
     die "building ceph-csi-operator $CSIOP failed (needs the Go module proxy when the module cache is cold)"
   log "built the manager in $(since "$t0")"
@@ -412,7 +412,7 @@ helm_build() {
   htmp=$(mktemp -d "$CACHE/.tmp-helm.XXXXXX")   # global: the EXIT trap needs it
   trap 'rm -rf "$htmp"' EXIT
   cp -r "$HERE/helm" "$htmp/src"
-  log "building helm $HELM into $out (a few minutes when Go's caches are cold)"
+  log "building helm $HELM into $out (~10 min on 2 busy cores when Go's caches are cold)"
   (cd "$htmp/src" && CGO_ENABLED=0 go build -trimpath -o "$htmp/bin/helm" -ldflags "-s -w \
     -X $x/internal/version.version=$HELM -X $x/internal/version.metadata= -X $x/internal/version.gitTreeState=clean \
     -X $x/pkg/lint/rules.k8sVersionMajor=1 -X $x/pkg/lint/rules.k8sVersionMinor=$HELM_K8S_MINOR \
