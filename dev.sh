@@ -101,7 +101,7 @@ e2e() {
 # not in an if or a || list, where bash ignores errexit inside CMD's
 # functions.
 phase() {
-	local name=$1 start=$SECONDS rc errexit=$- cg cpu=-
+	local name=$1 start=$SECONDS rc took errexit=$- cg cpu=-
 	shift
 	[ -z "${RSM_PHASES:-}" ] || [ -s "$RSM_PHASES" ] || echo "#busy $(busy_ticks)" >>"$RSM_PHASES"
 	cg=$(phase_cgroup "$name")
@@ -113,12 +113,13 @@ phase() {
 		"$@"
 	)
 	rc=$?
+	took=$((SECONDS - start))
 	[[ $errexit != *e* ]] || set -e
 	if [ -n "$cg" ]; then
 		cpu=$(($(cat "$cg/cpuacct.usage") / 1000000000))
-		rmdir "$cg" 2>/dev/null || echo "dev: $name left processes in $cg" >&2
+		rmdir "$cg" 2>/dev/null || left_behind "$name" "$cg"
 	fi
-	[ -z "${RSM_PHASES:-}" ] || echo "$name $((SECONDS - start)) $rc $cpu" >>"$RSM_PHASES"
+	[ -z "${RSM_PHASES:-}" ] || echo "$name $took $rc $cpu" >>"$RSM_PHASES"
 	return "$rc"
 }
 
@@ -130,6 +131,23 @@ phase_cgroup() {
 	[ -n "$own" ] && [ -d "/sys/fs/cgroup/cpuacct$own" ] || return 0
 	dir=/sys/fs/cgroup/cpuacct${own%/}/rsm-phase-$BASHPID-${1//\//-}
 	if mkdir "$dir" 2>/dev/null; then echo "$dir"; fi
+}
+
+# left_behind NAME CGROUP: phase NAME ended with processes still in its
+# cgroup: gives them 10 s to end (a daemon stopped but not yet gone), then
+# says which remain, and leaves the cgroup to them.
+left_behind() {
+	local i pids
+	for i in $(seq 10); do
+		sleep 1
+		if rmdir "$2" 2>/dev/null; then
+			echo "dev: $1 left processes that ended ${i}s after it" >&2
+			return
+		fi
+	done
+	pids=$(paste -sd, "$2/cgroup.procs")
+	echo "dev: $1 left processes in $2:" >&2
+	[ -z "$pids" ] || ps -o pid=,etimes=,args= -p "$pids" | cut -c1-200 >&2
 }
 
 # busy_ticks: the machine's busy CPU time since boot, in USER_HZ ticks
