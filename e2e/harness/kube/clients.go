@@ -25,7 +25,7 @@ import (
 func (k *Env) Kubectl(t *testing.T, args ...string) string {
 	t.Helper()
 	out, err := k.KubectlErr(t, args...)
-	return orFail(t, "kubectl", args, out, err)
+	return orFail(t, "kubectl", redacted(args), out, err)
 }
 
 // orFail is the output of a command that succeeded; it fails the test on
@@ -42,10 +42,15 @@ func orFail(t *testing.T, name string, args []string, out string, err error) str
 // error.
 func (k *Env) KubectlErr(t *testing.T, args ...string) (string, error) {
 	t.Helper()
-	cfg := k.AdminKubeconfig(t)
-	cmd := exec.Command(filepath.Join(k.Bin, "kubectl"), append([]string{"--kubeconfig", cfg}, args...)...)
-	out, err := cmd.CombinedOutput()
-	t.Logf("$ kubectl %s\n%s", strings.Join(redacted(args), " "), strings.TrimRight(string(out), "\n"))
+	out, err := k.kubectl(k.AdminKubeconfig(t), args...)
+	t.Logf("$ kubectl %s\n%s", strings.Join(redacted(args), " "), strings.TrimRight(out, "\n"))
+	return out, err
+}
+
+// kubectl runs the real kubectl with the kubeconfig cfg and returns its
+// output and error, logging nothing.
+func (k *Env) kubectl(cfg string, args ...string) (string, error) {
+	out, err := exec.Command(filepath.Join(k.Bin, "kubectl"), append([]string{"--kubeconfig", cfg}, args...)...).CombinedOutput()
 	return string(out), err
 }
 
@@ -55,8 +60,11 @@ func (k *Env) KubectlErr(t *testing.T, args ...string) (string, error) {
 func redacted(args []string) []string {
 	out := slices.Clone(args)
 	for i, a := range out {
-		k, v, ok := strings.Cut(strings.TrimPrefix(a, "--from-literal="), "=")
-		if ok && v != "" && a != k+"="+v && strings.Contains(strings.ToLower(k), "key") {
+		lit, ok := strings.CutPrefix(a, "--from-literal=")
+		if !ok {
+			continue
+		}
+		if k, v, ok := strings.Cut(lit, "="); ok && v != "" && strings.Contains(strings.ToLower(k), "key") {
 			out[i] = "--from-literal=" + k + "=(redacted)"
 		}
 	}
@@ -65,9 +73,7 @@ func redacted(args []string) []string {
 
 // KubectlQuiet runs kubectl as admin without logging (for polling).
 func (k *Env) KubectlQuiet(args ...string) (string, error) {
-	cfg := filepath.Join(k.Dir, "admin.kubeconfig")
-	out, err := exec.Command(filepath.Join(k.Bin, "kubectl"), append([]string{"--kubeconfig", cfg}, args...)...).CombinedOutput()
-	return string(out), err
+	return k.kubectl(filepath.Join(k.Dir, "admin.kubeconfig"), args...)
 }
 
 // GetJSON decodes the JSON of kubectl get args into v. It logs the
@@ -77,8 +83,7 @@ func (k *Env) KubectlQuiet(args ...string) (string, error) {
 func (k *Env) GetJSON(t *testing.T, v any, args ...string) {
 	t.Helper()
 	args = append([]string{"get", "-o", "json"}, args...)
-	k.AdminKubeconfig(t)
-	out, err := k.KubectlQuiet(args...)
+	out, err := k.kubectl(k.AdminKubeconfig(t), args...)
 	t.Logf("$ kubectl %s (%d bytes of JSON, not logged)", strings.Join(args, " "), len(out))
 	if err != nil {
 		t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
