@@ -247,6 +247,15 @@ func (r *migrationRun) refused(t *testing.T, what, base, target string) {
 	}
 }
 
+// migrate prepares the migration of image src to src-migrated with the
+// rbd CLI, aborted when the test ends, and returns the destination.
+func migrate(t *testing.T, src string) string {
+	dst := src + "-migrated"
+	harness.RbdCLI(t, "migration", "prepare", harness.Pool+"/"+src, harness.Pool+"/"+dst)
+	t.Cleanup(func() { harness.RbdCLI(t, "migration", "abort", harness.Pool+"/"+dst) })
+	return dst
+}
+
 // migratingID is the handle of image@snap in the test cluster's pool.
 func migratingID(image, snap string) string {
 	return harness.ClusterID + "/" + harness.Pool + "/" + image + "@" + snap
@@ -264,12 +273,9 @@ func (r *migrationRun) native(t *testing.T) {
 	if err := img.Close(); err != nil {
 		t.Fatal(err)
 	}
-	dst := src + "-migrated"
-	harness.RbdCLI(t, "migration", "prepare", harness.Pool+"/"+src, harness.Pool+"/"+dst)
-	t.Cleanup(func() { harness.RbdCLI(t, "migration", "abort", harness.Pool+"/"+dst) })
-	id := func(snap string) string { return harness.ClusterID + "/" + harness.Pool + "/" + dst + "@" + snap }
-	r.refused(t, "allocated", "", id("n2"))
-	r.refused(t, "delta", id("n1"), id("n2"))
+	dst := migrate(t, src)
+	r.refused(t, "allocated", "", migratingID(dst, "n2"))
+	r.refused(t, "delta", migratingID(dst, "n1"), migratingID(dst, "n2"))
 }
 
 // parent: the clones of a snapshot of a migration's destination (a
@@ -290,9 +296,7 @@ func (r *migrationRun) migratingParent(t *testing.T, src string) string {
 	if err := img.Close(); err != nil {
 		t.Fatal(err)
 	}
-	dst := src + "-migrated"
-	harness.RbdCLI(t, "migration", "prepare", harness.Pool+"/"+src, harness.Pool+"/"+dst)
-	t.Cleanup(func() { harness.RbdCLI(t, "migration", "abort", harness.Pool+"/"+dst) })
+	dst := migrate(t, src)
 	harness.RbdCLI(t, "snap", "create", harness.Pool+"/"+dst+"@p")
 	t.Cleanup(func() { harness.RbdCLI(t, "snap", "rm", harness.Pool+"/"+dst+"@p") })
 	return dst
