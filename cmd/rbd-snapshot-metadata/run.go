@@ -64,6 +64,9 @@ func run(args []string) int {
 		return 2
 	}
 	logger := klog.Background()
+	if err := rbd.ReportCrashes(); err != nil {
+		logger.Error(err, "A crash of librados or librbd will not show its stack")
+	}
 	if limit, ok := goMemoryLimit(os.Getenv); ok {
 		debug.SetMemoryLimit(limit)
 		logger.Info("Go memory limit from the container's", "goMemoryLimit", limit, "memoryLimit", os.Getenv(memoryLimitEnv))
