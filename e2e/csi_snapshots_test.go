@@ -29,6 +29,10 @@ import (
 type csiServer struct {
 	cl      *client.Client
 	secrets map[string]string
+
+	cmd    *exec.Cmd        // the server, or a wrapper that runs it (the image's entrypoint)
+	exited chan struct{}    // closed once cmd ended
+	log    *csiLockedBuffer // its stdout and stderr
 }
 
 // csiLockedBuffer collects the server's log.
@@ -105,6 +109,7 @@ func csiStartServer(t *testing.T) *csiServer {
 			"userID":  harness.ClusterEnv(t, "CEPH_CSI_USER"),
 			"userKey": harness.ClusterEnv(t, "CEPH_CSI_KEY"),
 		},
+		cmd: cmd, exited: exited, log: &log,
 	}
 }
 

@@ -139,6 +139,7 @@
 //   - revocation_test.go: TestRevokedKey
 //   - monitors_test.go: TestMonitorForms
 //   - lifecycle_test.go: TestServerIdentity, TestServerRejectsBadFlags
+//   - crash_test.go: TestCSICrashReport
 //
 // Snapshots removed while a stream reads them:
 //

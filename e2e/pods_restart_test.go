@@ -33,12 +33,7 @@ func serverPID(t *testing.T, k *kube.Env, p podInfo) int {
 		t.Fatal(err)
 	}
 	for _, f := range strings.Fields(string(b)) {
-		cmd, _ := os.ReadFile(filepath.Join("/proc", f, "cmdline"))
-		if exe, _, _ := strings.Cut(string(cmd), "\x00"); filepath.Base(exe) == "rbd-snapshot-metadata" {
-			pid, err := strconv.Atoi(f)
-			if err != nil {
-				t.Fatal(err)
-			}
+		if pid, err := strconv.Atoi(f); err == nil && runsServer(pid) {
 			return pid
 		}
 	}
