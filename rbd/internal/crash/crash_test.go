@@ -16,7 +16,10 @@ import (
 func crasher(t *testing.T) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "crasher")
-	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	gobin := "go"
+	if root := runtime.GOROOT(); root != "" { // empty under -trimpath
+		gobin = filepath.Join(root, "bin", "go")
+	}
 	out, err := exec.Command(gobin, "build", "-o", bin, "./testdata/crasher").CombinedOutput()
 	if err != nil {
 		t.Fatalf("build testdata/crasher: %v\n%s", err, out)
