@@ -43,7 +43,7 @@ func TestCSICrashReport(t *testing.T) {
 	}
 	log := srv.log.String()
 	for _, want := range []string{
-		"rbd-snapshot-metadata: fatal signal SIGABRT", "in a thread of librados or librbd; its stack, innermost first:\n",
+		"rbd-snapshot-metadata: fatal signal SIGABRT (sent by process ", "in C or C++ code (librados, librbd); the stack of its thread, innermost first:\n",
 		"libceph-common.so", "rbd-snapshot-metadata: end of the stack",
 	} {
 		if !strings.Contains(log, want) {

@@ -1,5 +1,5 @@
-// Package crash reports the stack of a librados or librbd thread that
-// kills the process.
+// Package crash reports the stack of C or C++ code (librados, librbd)
+// that kills the process.
 //
 // librados and librbd run threads of their own (messengers, timers,
 // finishers). When one of them aborts (a failed Ceph assertion, or a C++
@@ -9,12 +9,16 @@
 // ends with libstdc++'s line, or with nothing. Install adds the stack of
 // that thread to the log, as the C library's backtrace_symbols_fd writes
 // it (a library, a symbol when the library exports it, an offset), so
-// that a crash can be told apart and reported to Ceph.
+// that a crash can be told apart and reported to Ceph. A fault in a
+// library during a cgo call gets that stack too, before the runtime's own
+// report of the goroutine that made the call.
 //
-// Signals of the Go runtime's own threads (a nil dereference in Go, a
-// fault inside a cgo call) still go to the runtime alone, which reports
-// them as it always does; the process still dies as it would have, by the
-// same signal.
+// The report is for signals that hit a thread without the runtime's
+// alternate signal stack, or code outside the executable (a library). The
+// rest are the Go runtime's alone, reported as they always were: a nil
+// dereference in Go still panics, and SIGABRT to a Go thread still dumps
+// the goroutines. In every case the process ends as it would have, by the
+// same signal. A thread that overflows its stack cannot run the report.
 package crash
 
 /*

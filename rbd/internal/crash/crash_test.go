@@ -12,7 +12,7 @@ import (
 	"testing"
 )
 
-// crasher builds testdata/crasher once per test binary.
+// crasher builds testdata/crasher.
 func crasher(t *testing.T) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "crasher")
@@ -44,10 +44,19 @@ func TestInstall(t *testing.T) {
 		{name: "throw without", args: []string{"throw"}, signal: syscall.SIGABRT,
 			want: []string{"terminate called after throwing an instance of 'std::system_error'", "Owner died"}, wantNot: []string{report}},
 		{name: "throw", args: []string{"-install", "throw"}, signal: syscall.SIGABRT,
-			want: []string{"Owner died\n" + report + "SIGABRT", "libstdc++.so", "(abort+", end}},
+			want: []string{"Owner died\n" + report + "SIGABRT (an abort", "libstdc++.so", "(abort+", end}},
 		{name: "fault without", args: []string{"fault"}, signal: syscall.SIGSEGV, wantNot: []string{report}},
 		{name: "fault", args: []string{"-install", "fault"}, signal: syscall.SIGSEGV,
-			want: []string{report + "SIGSEGV in a thread of librados or librbd", "libstdc++.so", end}},
+			want: []string{report + "SIGSEGV in C or C++ code", "libstdc++.so", end}},
+		// A C thread that once called into Go has the runtime's signal
+		// stack, and the runtime still says nothing of it.
+		{name: "bound abort without", args: []string{"bound-abort"}, signal: syscall.SIGABRT, wantNot: []string{report}},
+		{name: "bound abort", args: []string{"-install", "bound-abort"}, signal: syscall.SIGABRT,
+			want: []string{report + "SIGABRT (an abort", "(abort+", end}},
+		// A library's fault in a cgo call: its stack, then the runtime's
+		// report of the goroutine.
+		{name: "cgo fault", args: []string{"-install", "cgo-fault"}, code: 2,
+			want: []string{report + "SIGSEGV in C or C++ code", "libc.so", end, "signal arrived during cgo execution", "main._Cfunc_rsm_test_cgo_fault"}},
 		// The runtime's own signals are its own, as before.
 		{name: "go nil", args: []string{"-install", "go-nil"}, code: 0,
 			want: []string{"recovered: runtime error: invalid memory address or nil pointer dereference"}, wantNot: []string{report}},
