@@ -116,6 +116,8 @@
 //     TestClientResumesBrokenStreams
 //   - conformance_test.go: TestConformance
 //   - fastdiff_test.go: TestLibrbdFastDiffShrinkRegrow
+//   - librbd_race_test.go: TestLibrbdOpenCloseRace (runs only with
+//     RSM_LIBRBD_RACE set: it crashes librbd)
 //   - large_test.go: TestMillionExtents, TestManyWrites
 //
 // Precise mode (--precision=precise) against the byte oracle, and the
